@@ -1,0 +1,25 @@
+//! Everything Palisade keeps on disk, in [redb].
+//!
+//! A proxy keeps its fence register and (when it has no upstream) the embedded
+//! object store in one database file; an election node keeps its raft log in another.
+//! redb allows one open handle per file per process, so callers open the file once with
+//! [`open_database`] and hand the shared handle to each store.
+//!
+//! # Layout
+//! - `tables`: every redb table definition, in one place.
+//! - `db`: opening (or creating) a database file, and the errors of doing so.
+//! - `fence`: the fence register, scope to highest admitted token; memory-served reads, fsynced raises.
+//! - `objects`: the embedded object store, the proxy's default backing storage.
+//! - `raftlog`: `raft::Storage` on redb, one write transaction per raft `Ready`.
+#![deny(missing_docs)]
+
+mod db;
+mod fence;
+mod objects;
+mod raftlog;
+mod tables;
+
+pub use db::{OpenError, open_database};
+pub use fence::{Advance, AdvanceError, FenceRegister, SCOPES_MAX_DEFAULT};
+pub use objects::{OBJECT_BYTES_MAX_DEFAULT, Object, ObjectError, ObjectMeta, ObjectStore};
+pub use raftlog::{RaftLog, RaftLogError};
