@@ -1,1 +1,191 @@
-//! placeholder
+//! The fencing reverse proxy.
+//!
+//! Writes carry a `Fencing-Token`. Per scope the proxy keeps the highest token it has
+//! admitted, durably. A lower token is rejected with 409 and never reaches the upstream;
+//! a higher one is fsynced before it is forwarded; and a higher-token write waits until
+//! lower-token writes still in flight have completed, so the upstream applies writes of
+//! a scope in token order.
+//!
+//! ```text
+//! client ──> listener (TLS?, h1/h2c, limits) ──> parse ──> classify ──> read body
+//!        ──> fence (register in flight, check/raise fence in redb, barrier)
+//!        ──> forward (HTTP(S) upstream, or the embedded object store) ──> respond, log
+//! ```
+//!
+//! # Layout
+//! - `config`: [`ProxyConfig`] and its limits, from TOML and flags, validated.
+//! - `service`: one request through its phases.
+//! - `fencing`: admission: the fence check and the per-scope in-flight barrier.
+//! - `upstream`: the pooled HTTP(S) client to the upstream.
+//! - `embedded`: the embedded object store served in-process.
+//! - `admin`: the admin API (fences, metrics, health).
+//! - `server`: listeners, TLS, connection limits, graceful shutdown.
+//! - `tls`: rustls configuration from PEM files.
+//! - `error`: [`ProxyError`], who caused it, and its one HTTP answer.
+//! - `metrics`: metric names and the Prometheus recorder.
+//! - `body`: the response body type.
+#![deny(missing_docs)]
+
+mod admin;
+mod body;
+pub mod config;
+mod embedded;
+mod error;
+mod fencing;
+pub mod metrics;
+mod server;
+mod service;
+mod tls;
+mod upstream;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+pub use config::{ConfigError, Limits, ProxyConfig, Route, TlsConfig};
+pub use error::{Cause, FENCING_TOKEN_CURRENT, ProxyError};
+pub use service::{DEFAULT_SCOPE, FENCING_SCOPE, FENCING_TOKEN};
+pub use tls::TlsError;
+
+use crate::fencing::Fencer;
+use crate::server::ListenerSettings;
+use crate::service::{Backend, Shared};
+
+/// The name of the proxy's redb file inside its data directory.
+pub const DATABASE_FILE: &str = "proxy.redb";
+
+/// Why the proxy could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database could not be opened.
+    #[error(transparent)]
+    Open(#[from] palisade_storage::OpenError),
+    /// TLS material is unusable.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A running proxy.
+pub struct ProxyHandle {
+    /// The bound client address (the real port when the config said port 0).
+    pub listen: SocketAddr,
+    /// The bound admin address.
+    pub admin: SocketAddr,
+    /// Where the database lives.
+    pub database: PathBuf,
+    shutdown: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl ProxyHandle {
+    /// Starts a graceful shutdown: stop accepting, let in-flight requests finish up to
+    /// `limits.drain_timeout_ms`.
+    pub fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Waits until both listeners have stopped and drained.
+    pub async fn wait(mut self) {
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Validates `config`, opens the data directory, binds both listeners and starts serving.
+pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
+    config.validate()?;
+    let limits = &config.limits;
+    let database = config.data_dir.join(DATABASE_FILE);
+    let db = palisade_storage::open_database(&database)?;
+    let register = palisade_storage::FenceRegister::open(Arc::clone(&db), limits.scopes_max)?;
+    let backend = match &config.upstream {
+        Some(url) => Backend::Http(Box::new(upstream::HttpUpstream::new(url, &config)?)),
+        None => Backend::Embedded(palisade_storage::ObjectStore::open(
+            db,
+            limits.object_bytes_max,
+        )?),
+    };
+    let tls = match &config.tls {
+        Some(t) => Some(tokio_rustls::TlsAcceptor::from(tls::server_config(t)?)),
+        None => None,
+    };
+    metrics::prometheus();
+
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })
+    };
+    let client_listener = bind(config.listen).await?;
+    let admin_listener = bind(config.admin_listen).await?;
+    let local = |l: &TcpListener, addr| {
+        l.local_addr()
+            .map_err(|source| StartError::Bind { addr, source })
+    };
+    let listen = local(&client_listener, config.listen)?;
+    let admin = local(&admin_listener, config.admin_listen)?;
+
+    let fencer = Arc::new(Fencer::new(
+        register,
+        Duration::from_millis(limits.barrier_timeout_ms),
+    ));
+    let shared = Arc::new(Shared::new(&config, Arc::clone(&fencer), backend));
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let client_settings = ListenerSettings {
+        name: "client",
+        connections_max: limits.connections_max,
+        header_read_timeout: Duration::from_millis(limits.header_read_timeout_ms),
+        header_bytes_max: limits.header_bytes_max,
+        h2_streams_max: limits.h2_streams_max,
+        drain_timeout: Duration::from_millis(limits.drain_timeout_ms),
+        tls,
+    };
+    let admin_settings = ListenerSettings {
+        name: "admin",
+        connections_max: ADMIN_CONNECTIONS_MAX,
+        tls: None,
+        ..client_settings.clone()
+    };
+    let mut tasks = JoinSet::new();
+    tasks.spawn(server::serve(
+        client_listener,
+        client_settings,
+        shutdown_rx.clone(),
+        move |req, peer| service::handle(Arc::clone(&shared), req, peer),
+    ));
+    tasks.spawn(server::serve(
+        admin_listener,
+        admin_settings,
+        shutdown_rx,
+        move |req, _peer| admin::handle(Arc::clone(&fencer), req),
+    ));
+    tracing::info!(%listen, %admin, database = %database.display(),
+        upstream = config.upstream.as_deref().unwrap_or("embedded object store"),
+        tls = config.tls.is_some(), "proxy started");
+    Ok(ProxyHandle {
+        listen,
+        admin,
+        database,
+        shutdown,
+        tasks,
+    })
+}
+
+/// Admin connections open at once: operators and election nodes, never many.
+const ADMIN_CONNECTIONS_MAX: usize = 64;

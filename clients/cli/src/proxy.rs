@@ -1,0 +1,94 @@
+//! `palisade proxy`: flags and config file into a [`ProxyConfig`], then run until a signal.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use palisade_proxy::{ProxyConfig, StartError, TlsConfig};
+
+use crate::Failure;
+
+/// Run the fencing reverse proxy. Flags override the config file.
+#[derive(Args)]
+pub(crate) struct ProxyArgs {
+    /// TOML config file (see the README's configuration reference).
+    #[arg(long, env = "PALISADE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address for client traffic [default: 127.0.0.1:8080].
+    #[arg(long, env = "PALISADE_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Address of the admin API [default: 127.0.0.1:8081].
+    #[arg(long, env = "PALISADE_ADMIN_LISTEN")]
+    admin_listen: Option<SocketAddr>,
+    /// Directory for the proxy's database (fences, embedded store).
+    #[arg(long, env = "PALISADE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Base URL of the storage behind the proxy (http:// or https://). Absent: the
+    /// embedded object store in the data directory.
+    #[arg(long, env = "PALISADE_UPSTREAM")]
+    upstream: Option<String>,
+    /// PEM CA bundle to trust for an https:// upstream instead of the platform's roots.
+    #[arg(long, env = "PALISADE_UPSTREAM_CA")]
+    upstream_ca: Option<PathBuf>,
+    /// Fence reads too, not only writes.
+    #[arg(long, env = "PALISADE_FENCE_READS")]
+    fence_reads: bool,
+    /// PEM certificate chain for TLS on the client listener (needs --tls-key).
+    #[arg(long, env = "PALISADE_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS on the client listener (needs --tls-cert).
+    #[arg(long, env = "PALISADE_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+impl ProxyArgs {
+    fn into_config(self) -> Result<ProxyConfig, Failure> {
+        let mut config = match &self.config {
+            Some(path) => {
+                ProxyConfig::from_file(path).map_err(|e| Failure::Usage(e.to_string()))?
+            }
+            None => ProxyConfig::default(),
+        };
+        if let Some(v) = self.listen {
+            config.listen = v;
+        }
+        if let Some(v) = self.admin_listen {
+            config.admin_listen = v;
+        }
+        if let Some(v) = self.data_dir {
+            config.data_dir = v;
+        }
+        if let Some(v) = self.upstream {
+            config.upstream = Some(v);
+        }
+        if let Some(v) = self.upstream_ca {
+            config.upstream_ca = Some(v);
+        }
+        if self.fence_reads {
+            config.fence_reads = true;
+        }
+        if let (Some(cert), Some(key)) = (self.tls_cert, self.tls_key) {
+            config.tls = Some(TlsConfig { cert, key });
+        }
+        Ok(config)
+    }
+}
+
+/// Runs the proxy until SIGTERM or SIGINT, then drains.
+pub(crate) async fn run(args: ProxyArgs) -> Result<(), Failure> {
+    let config = args.into_config()?;
+    let handle = palisade_proxy::start(config).await.map_err(|e| match e {
+        StartError::Config(_) | StartError::Tls(_) => Failure::Usage(e.to_string()),
+        _ => Failure::Runtime(e.to_string()),
+    })?;
+    // A line on stdout that scripts and tests can wait for.
+    println!(
+        "palisade proxy listening on {} (admin {})",
+        handle.listen, handle.admin
+    );
+    crate::shutdown_signal().await;
+    handle.shutdown();
+    handle.wait().await;
+    tracing::info!("proxy stopped");
+    Ok(())
+}

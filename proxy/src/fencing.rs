@@ -1,0 +1,284 @@
+//! Admission of fenced requests: the fence check and the per-scope in-flight barrier.
+//!
+//! The rule the upstream relies on: it never applies a write with a lower token after one
+//! with a higher token of the same scope. Two mechanisms give it:
+//!
+//! 1. The fence. A request whose token is below the scope's fence is rejected; a higher
+//!    token raises the fence (fsynced) before anything is forwarded.
+//! 2. The barrier. A request is registered as in flight *before* it reads the fence, and
+//!    is forwarded only once no lower-token request of its scope is still in flight.
+//!
+//! Registering before reading the fence closes the race between a lower request that
+//! read the fence just before a higher request raised it: either the higher request sees
+//! the lower one registered and waits for it, or the lower one reads the raised fence and
+//! is rejected. Both sides go through the same per-scope mutex, which orders them.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use palisade_storage::{Advance, FenceRegister};
+use tokio::sync::Notify;
+
+use crate::error::ProxyError;
+use crate::metrics as m;
+
+/// Admits fenced requests. Cheap to share behind an `Arc`.
+pub(crate) struct Fencer {
+    register: FenceRegister,
+    /// Scope to its in-flight set. An entry exists only while something is in flight;
+    /// idle entries are removed so that unbounded scope names cannot grow memory.
+    inflight: DashMap<String, Arc<ScopeInflight>>,
+    barrier_timeout: Duration,
+}
+
+/// The fenced requests of one scope that are admitted or waiting, by token.
+#[derive(Default)]
+struct ScopeInflight {
+    /// Token to the number of requests holding it. Invariant: no zero counts.
+    tokens: Mutex<BTreeMap<u64, usize>>,
+    /// Woken whenever a request leaves the set.
+    left: Notify,
+}
+
+impl ScopeInflight {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, usize>> {
+        // The critical sections below cannot panic half-way, so a poisoned lock still
+        // guards a consistent map.
+        self.tokens.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lowest token in flight, if any.
+    fn lowest(&self) -> Option<u64> {
+        self.lock().keys().next().copied()
+    }
+}
+
+/// Proof that a request is registered in flight. Dropping it (when the upstream has
+/// answered, or the request failed) lets higher-token requests of the scope proceed.
+pub(crate) struct InflightGuard {
+    fencer: Arc<Fencer>,
+    scope: String,
+    token: u64,
+    set: Arc<ScopeInflight>,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        {
+            let mut tokens = self.set.lock();
+            if let Some(count) = tokens.get_mut(&self.token) {
+                *count -= 1;
+                if *count == 0 {
+                    tokens.remove(&self.token);
+                }
+            }
+        }
+        self.set.left.notify_waiters();
+        // Remove the scope's entry if nothing is in flight. `remove_if` holds the shard
+        // lock, and registration inserts under the same lock, so no request can register
+        // into a set that is being removed.
+        self.fencer
+            .inflight
+            .remove_if(&self.scope, |_, set| set.lock().is_empty());
+    }
+}
+
+/// What admission decided for an admitted request.
+pub(crate) struct Admitted {
+    /// Held until the upstream has answered; only its `Drop` matters.
+    #[expect(dead_code, reason = "held for its Drop")]
+    pub guard: InflightGuard,
+    /// Whether this request raised the fence.
+    pub raised: bool,
+}
+
+impl Fencer {
+    pub(crate) fn new(register: FenceRegister, barrier_timeout: Duration) -> Self {
+        Self {
+            register,
+            inflight: DashMap::new(),
+            barrier_timeout,
+        }
+    }
+
+    /// The fence register (for the admin API).
+    pub(crate) fn register(&self) -> &FenceRegister {
+        &self.register
+    }
+
+    /// Admits a request with `token` in `scope`, or says why not. On success nothing
+    /// with a lower token of the scope is in flight, and the fence is at most `token`,
+    /// durably.
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        scope: &str,
+        token: u64,
+    ) -> Result<Admitted, ProxyError> {
+        // Phase 1: register in flight, before reading the fence (see the module docs).
+        let guard = self.register_inflight(scope, token);
+
+        // Phase 2: the fence check. Equal and lower tokens are answered from memory.
+        let current = self.register.current(scope);
+        if token < current {
+            return Err(stale(scope, token, current));
+        }
+        let raised = if token > current {
+            self.raise(scope, token).await?
+        } else {
+            false
+        };
+
+        // Phase 3: the barrier. Wait until no lower token of this scope is in flight.
+        self.wait_for_lower(&guard).await?;
+        Ok(Admitted { guard, raised })
+    }
+
+    /// Raises the fence to `token` (fsynced); used by the admin API too.
+    pub(crate) async fn raise(&self, scope: &str, token: u64) -> Result<bool, ProxyError> {
+        let register = self.register.clone();
+        let scope_owned = scope.to_owned();
+        fail::fail_point!("proxy-before-fence-commit");
+        let advance = tokio::task::spawn_blocking(move || register.advance(&scope_owned, token))
+            .await
+            .map_err(|e| ProxyError::Storage(format!("fence advance task failed: {e}")))?
+            .map_err(|e| ProxyError::Storage(e.to_string()))?;
+        fail::fail_point!("proxy-after-fence-commit");
+        match advance {
+            Advance::Raised { previous } => {
+                metrics::counter!(m::FENCE_ADVANCES).increment(1);
+                tracing::info!(scope, token, previous, "fence raised");
+                Ok(true)
+            }
+            Advance::Unchanged => Ok(false),
+            Advance::Stale { current } => Err(stale(scope, token, current)),
+        }
+    }
+
+    fn register_inflight(self: &Arc<Self>, scope: &str, token: u64) -> InflightGuard {
+        let entry = self.inflight.entry(scope.to_owned()).or_default();
+        *entry.lock().entry(token).or_insert(0) += 1;
+        let set = Arc::clone(&entry);
+        drop(entry);
+        InflightGuard {
+            fencer: Arc::clone(self),
+            scope: scope.to_owned(),
+            token,
+            set,
+        }
+    }
+
+    async fn wait_for_lower(&self, guard: &InflightGuard) -> Result<(), ProxyError> {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.barrier_timeout;
+        let mut counted = false;
+        loop {
+            // Create and enable the notification before checking, so a request leaving
+            // between the check and the await still wakes us.
+            let left = guard.set.left.notified();
+            tokio::pin!(left);
+            left.as_mut().enable();
+            match guard.set.lowest() {
+                Some(lowest) if lowest < guard.token => {}
+                _ => return Ok(()),
+            }
+            if !counted {
+                counted = true;
+                metrics::counter!(m::BARRIER_WAITS).increment(1);
+                tracing::debug!(scope = %guard.scope, token = guard.token, "waiting for lower-token writes in flight");
+            }
+            if tokio::time::timeout_at(deadline, left).await.is_err() {
+                return Err(ProxyError::BarrierTimeout {
+                    scope: guard.scope.clone(),
+                    presented: guard.token,
+                    current: self.register.current(&guard.scope),
+                    waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+        }
+    }
+}
+
+fn stale(scope: &str, presented: u64, current: u64) -> ProxyError {
+    ProxyError::Stale {
+        scope: scope.to_owned(),
+        presented,
+        current,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fencer(dir: &tempfile::TempDir, barrier_ms: u64) -> Arc<Fencer> {
+        let db = palisade_storage::open_database(&dir.path().join("f.redb")).unwrap();
+        let register = FenceRegister::open(db, 100).unwrap();
+        Arc::new(Fencer::new(register, Duration::from_millis(barrier_ms)))
+    }
+
+    #[tokio::test]
+    async fn lower_token_is_rejected_after_higher_is_admitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir, 1000);
+        let a = f.admit("s", 5).await.unwrap();
+        assert!(a.raised);
+        drop(a);
+        let err = f.admit("s", 4).await.err().unwrap();
+        assert!(matches!(
+            err,
+            ProxyError::Stale {
+                presented: 4,
+                current: 5,
+                ..
+            }
+        ));
+        let equal = f.admit("s", 5).await.unwrap();
+        assert!(!equal.raised);
+        assert!(f.inflight.contains_key("s"));
+        drop(equal);
+        assert!(
+            !f.inflight.contains_key("s"),
+            "idle scope entries are removed"
+        );
+    }
+
+    #[tokio::test]
+    async fn higher_token_waits_for_lower_in_flight_then_proceeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir, 5000);
+        let low = f.admit("s", 1).await.unwrap();
+        let f2 = Arc::clone(&f);
+        let high = tokio::spawn(async move { f2.admit("s", 2).await.map(|a| a.raised) });
+        // Show that the higher request does not get through while the lower is in flight.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!high.is_finished());
+        // Meanwhile the fence already moved, so a new lower request is rejected.
+        assert!(matches!(
+            f.admit("s", 1).await,
+            Err(ProxyError::Stale { .. })
+        ));
+        drop(low);
+        let raised = tokio::time::timeout(Duration::from_secs(5), high)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(raised);
+    }
+
+    #[tokio::test]
+    async fn barrier_deadline_answers_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir, 50);
+        let _low = f.admit("s", 1).await.unwrap();
+        let err = f.admit("s", 2).await.err().unwrap();
+        assert!(
+            matches!(err, ProxyError::BarrierTimeout { presented: 2, .. }),
+            "{err}"
+        );
+        // The failed request left the set: only the lower one is still in flight.
+        assert_eq!(f.inflight.get("s").unwrap().lowest(), Some(1));
+    }
+}

@@ -1,0 +1,43 @@
+//! Metric names and the process-wide Prometheus recorder.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Requests by `class` (read, write) and `outcome` (forwarded, rejected, failed).
+pub const REQUESTS: &str = "palisade_proxy_requests_total";
+/// Rejections by `reason` (stale-token, missing-token, bad-token, ...).
+pub const REJECTIONS: &str = "palisade_proxy_rejections_total";
+/// Times a fence moved up, by a write or the admin API.
+pub const FENCE_ADVANCES: &str = "palisade_proxy_fence_advances_total";
+/// Requests that had to wait at the in-flight barrier.
+pub const BARRIER_WAITS: &str = "palisade_proxy_barrier_waits_total";
+/// Time from forwarding until the upstream's response head, in seconds.
+pub const UPSTREAM_SECONDS: &str = "palisade_proxy_upstream_seconds";
+/// Client connections open now.
+pub const CONNECTIONS: &str = "palisade_proxy_connections";
+
+/// Upstream latency buckets, in seconds: 100 µs to 10 s.
+const UPSTREAM_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// The process's Prometheus handle. The recorder is global to the process, so it is
+/// installed once, by whichever proxy or node starts first.
+pub fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(UPSTREAM_SECONDS.to_owned()), UPSTREAM_BUCKETS)
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may already be installed (an application embedding the proxy
+        // brought its own); then our handle renders only what was recorded through it.
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+        }
+        handle
+    })
+}

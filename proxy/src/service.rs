@@ -1,0 +1,404 @@
+//! One client request through the proxy, in fixed phases sharing one context:
+//! parse, classify, read body, fence, forward, respond, log.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Body, Incoming};
+use palisade_storage::ObjectStore;
+
+use crate::body::ProxyBody;
+use crate::config::{ProxyConfig, Route, validate_scope};
+use crate::error::{Cause, ProxyError};
+use crate::fencing::Fencer;
+use crate::metrics as m;
+use crate::upstream::HttpUpstream;
+
+/// The fixed request header carrying the fencing token.
+pub const FENCING_TOKEN: &str = "fencing-token";
+/// The fixed request header naming a client-chosen scope.
+pub const FENCING_SCOPE: &str = "fencing-scope";
+/// The scope of requests that name none.
+pub const DEFAULT_SCOPE: &str = "default";
+/// Most digits of a u64 (18446744073709551615).
+const TOKEN_DIGITS_MAX: usize = 20;
+
+/// Where admitted requests go.
+pub(crate) enum Backend {
+    /// An HTTP(S) upstream.
+    Http(Box<HttpUpstream>),
+    /// The embedded object store.
+    Embedded(ObjectStore),
+}
+
+/// What every request shares: configuration, the fencer, the backend.
+pub(crate) struct Shared {
+    pub(crate) fencer: Arc<Fencer>,
+    pub(crate) backend: Backend,
+    write_methods: Vec<Method>,
+    /// Routes, longest prefix first, so the first match is the most specific.
+    routes: Vec<Route>,
+    fence_reads: bool,
+    client_scopes: bool,
+    strip_token: bool,
+    body_bytes_max: u64,
+    body_read_timeout: Duration,
+}
+
+impl Shared {
+    pub(crate) fn new(config: &ProxyConfig, fencer: Arc<Fencer>, backend: Backend) -> Self {
+        let mut routes = config.routes.clone();
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        Self {
+            fencer,
+            backend,
+            write_methods: config.write_methods(),
+            routes,
+            fence_reads: config.fence_reads,
+            client_scopes: config.client_scopes,
+            strip_token: config.strip_token,
+            body_bytes_max: config.limits.body_bytes_max,
+            body_read_timeout: Duration::from_millis(config.limits.body_read_timeout_ms),
+        }
+    }
+}
+
+/// Read or write, as the configured write methods decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Read,
+    Write,
+}
+
+impl Class {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+        }
+    }
+}
+
+/// The per-request context the phases fill in.
+struct Ctx {
+    started: Instant,
+    method: Method,
+    class: Class,
+    fenced: bool,
+    scope: String,
+    token: Option<u64>,
+    /// Whether this request raised the scope's fence.
+    raised: bool,
+}
+
+/// Serves one request. Never fails: every error becomes its problem+json answer.
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, std::convert::Infallible> {
+    let started = Instant::now();
+    let method = request.method().clone();
+    let class = if shared.write_methods.contains(&method) {
+        Class::Write
+    } else {
+        Class::Read
+    };
+    let mut ctx = Ctx {
+        started,
+        fenced: class == Class::Write || shared.fence_reads,
+        method,
+        class,
+        scope: String::new(),
+        token: None,
+        raised: false,
+    };
+    let result = run_phases(&shared, &mut ctx, request, peer).await;
+    Ok(respond_and_log(&ctx, result))
+}
+
+async fn run_phases(
+    shared: &Shared,
+    ctx: &mut Ctx,
+    request: Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    // Phase: parse and classify. Scope and token come from the head alone, so bad
+    // requests are refused before their body is read.
+    let (mut parts, body) = request.into_parts();
+    ctx.scope = resolve_scope(shared, parts.uri.path(), &parts.headers)?;
+    ctx.token = parse_token(&parts.headers)?;
+    if ctx.fenced && ctx.token.is_none() {
+        return Err(ProxyError::MissingToken);
+    }
+
+    // Phase: read the body whole, bounded in size and time.
+    let body = read_body(shared, body).await?;
+
+    // Phase: fence. Hold the in-flight guard until the upstream has answered.
+    let admitted = match (ctx.fenced, ctx.token) {
+        (true, Some(token)) => {
+            let admitted = shared.fencer.admit(&ctx.scope, token).await?;
+            ctx.raised = admitted.raised;
+            Some(admitted)
+        }
+        _ => None,
+    };
+    if shared.strip_token {
+        parts.headers.remove(FENCING_TOKEN);
+    }
+
+    // Phase: forward.
+    fail::fail_point!("proxy-before-forward");
+    let response = match &shared.backend {
+        Backend::Http(upstream) => upstream.forward(parts, body, peer.ip()).await,
+        Backend::Embedded(store) => {
+            crate::embedded::serve(
+                store,
+                &parts.method,
+                parts.uri.path(),
+                parts.uri.query(),
+                ctx.token,
+                body,
+            )
+            .await
+        }
+    };
+    fail::fail_point!("proxy-after-forward");
+    drop(admitted);
+    response
+}
+
+/// Phase: respond and log. Counts the outcome and writes one log event.
+fn respond_and_log(
+    ctx: &Ctx,
+    result: Result<Response<ProxyBody>, ProxyError>,
+) -> Response<ProxyBody> {
+    fail::fail_point!("proxy-before-reply");
+    let elapsed_ms = ctx.started.elapsed().as_secs_f64() * 1000.0;
+    let class = ctx.class.label();
+    let token = ctx.token;
+    let scope = ctx.scope.as_str();
+    match result {
+        Ok(response) => {
+            metrics::counter!(m::REQUESTS, "class" => class, "outcome" => "forwarded").increment(1);
+            tracing::debug!(
+                scope, token, outcome = "forwarded", raised = ctx.raised, method = %ctx.method,
+                status = response.status().as_u16(), elapsed_ms, "request"
+            );
+            response
+        }
+        Err(err) => {
+            let outcome = match err.cause() {
+                Cause::Client => "rejected",
+                Cause::Upstream | Cause::Internal => "failed",
+            };
+            metrics::counter!(m::REQUESTS, "class" => class, "outcome" => outcome).increment(1);
+            metrics::counter!(m::REJECTIONS, "reason" => err.reason()).increment(1);
+            match err.cause() {
+                Cause::Client => tracing::info!(
+                    scope, token, outcome, method = %ctx.method, cause = %err, elapsed_ms, "request"
+                ),
+                Cause::Upstream | Cause::Internal => tracing::warn!(
+                    scope, token, outcome, method = %ctx.method, cause = %err, elapsed_ms, "request"
+                ),
+            }
+            err.into_response()
+        }
+    }
+}
+
+/// The request's scope: its route's, else the client's `Fencing-Scope` (if allowed),
+/// else `default`. A `Fencing-Scope` that contradicts the route, or that is sent when
+/// client scopes are off, is refused rather than silently ignored.
+fn resolve_scope(shared: &Shared, path: &str, headers: &HeaderMap) -> Result<String, ProxyError> {
+    let mut values = headers.get_all(FENCING_SCOPE).iter();
+    let header = match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(_), Some(_)) => {
+            return Err(ProxyError::BadScope {
+                reason: "Fencing-Scope header is repeated".to_owned(),
+            });
+        }
+        (Some(v), None) => Some(v.to_str().map_err(|_| ProxyError::BadScope {
+            reason: "Fencing-Scope is not ASCII".to_owned(),
+        })?),
+    };
+    let route = shared.routes.iter().find(|r| path.starts_with(&r.prefix));
+    let scope = match (route, header) {
+        (Some(route), Some(h)) if h != route.scope => {
+            return Err(ProxyError::BadScope {
+                reason: format!(
+                    "Fencing-Scope {h:?} contradicts scope {:?} of route {:?}",
+                    route.scope, route.prefix
+                ),
+            });
+        }
+        (Some(route), _) => route.scope.clone(),
+        (None, Some(_)) if !shared.client_scopes => {
+            return Err(ProxyError::BadScope {
+                reason: "client-chosen scopes are disabled (client_scopes = false)".to_owned(),
+            });
+        }
+        (None, Some(h)) => h.to_owned(),
+        (None, None) => DEFAULT_SCOPE.to_owned(),
+    };
+    validate_scope(&scope).map_err(|reason| ProxyError::BadScope { reason })?;
+    Ok(scope)
+}
+
+/// The `Fencing-Token` header: absent, or exactly one decimal u64 of ASCII digits.
+fn parse_token(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
+    let mut values = headers.get_all(FENCING_TOKEN).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) => return Ok(None),
+        (Some(_), Some(_)) => {
+            return Err(ProxyError::BadToken {
+                reason: "Fencing-Token header is repeated".to_owned(),
+            });
+        }
+        (Some(v), None) => v,
+    };
+    let bad = |reason: String| ProxyError::BadToken { reason };
+    let text = value
+        .to_str()
+        .map_err(|_| bad("not ASCII".to_owned()))?
+        .trim();
+    if text.is_empty() {
+        return Err(bad("empty".to_owned()));
+    }
+    if let Some(c) = text.chars().find(|c| !c.is_ascii_digit()) {
+        return Err(bad(format!("{text:?} has {c:?}; expected a decimal u64")));
+    }
+    if text.len() > TOKEN_DIGITS_MAX {
+        return Err(bad(format!("{text:?} overflows u64")));
+    }
+    text.parse::<u64>()
+        .map(Some)
+        .map_err(|_| bad(format!("{text:?} overflows u64")))
+}
+
+async fn read_body(shared: &Shared, body: Incoming) -> Result<Bytes, ProxyError> {
+    let max = shared.body_bytes_max;
+    if body.size_hint().lower() > max {
+        return Err(ProxyError::BodyTooLarge { max });
+    }
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    let collected = tokio::time::timeout(
+        shared.body_read_timeout,
+        Limited::new(body, limit).collect(),
+    )
+    .await
+    .map_err(|_| ProxyError::BodyTimeout {
+        timeout_ms: u64::try_from(shared.body_read_timeout.as_millis()).unwrap_or(u64::MAX),
+    })?;
+    match collected {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::BodyTooLarge { max })
+        }
+        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn token_parsing_follows_the_contract() {
+        assert_eq!(parse_token(&headers(&[])).unwrap(), None);
+        assert_eq!(
+            parse_token(&headers(&[("fencing-token", "0")])).unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            parse_token(&headers(&[("fencing-token", "18446744073709551615")])).unwrap(),
+            Some(u64::MAX)
+        );
+        for bad in [
+            "",
+            "-1",
+            "+1",
+            "1.0",
+            "0x10",
+            "abc",
+            "18446744073709551616",
+            "99999999999999999999999",
+        ] {
+            let h = headers(&[("fencing-token", bad)]);
+            assert!(parse_token(&h).is_err(), "{bad:?} must be refused");
+        }
+        let h = headers(&[("fencing-token", "1"), ("fencing-token", "1")]);
+        assert!(parse_token(&h).is_err(), "repeated header must be refused");
+    }
+
+    fn shared(routes: Vec<Route>, client_scopes: bool) -> Shared {
+        let dir = tempfile::tempdir().unwrap();
+        let db = palisade_storage::open_database(&dir.path().join("x.redb")).unwrap();
+        let register = palisade_storage::FenceRegister::open(db.clone(), 10).unwrap();
+        let store = ObjectStore::open(db, 10).unwrap();
+        let config = ProxyConfig {
+            client_scopes,
+            routes,
+            ..ProxyConfig::default()
+        };
+        Shared::new(
+            &config,
+            Arc::new(Fencer::new(register, Duration::from_secs(1))),
+            Backend::Embedded(store),
+        )
+    }
+
+    #[test]
+    fn scope_resolution_prefers_the_longest_route() {
+        let s = shared(
+            vec![
+                Route {
+                    prefix: "/a".into(),
+                    scope: "short".into(),
+                },
+                Route {
+                    prefix: "/a/b".into(),
+                    scope: "long".into(),
+                },
+            ],
+            true,
+        );
+        assert_eq!(resolve_scope(&s, "/a/b/c", &headers(&[])).unwrap(), "long");
+        assert_eq!(resolve_scope(&s, "/a/x", &headers(&[])).unwrap(), "short");
+        assert_eq!(
+            resolve_scope(&s, "/z", &headers(&[])).unwrap(),
+            DEFAULT_SCOPE
+        );
+        assert_eq!(
+            resolve_scope(&s, "/z", &headers(&[("fencing-scope", "mine")])).unwrap(),
+            "mine"
+        );
+        assert!(resolve_scope(&s, "/a/b", &headers(&[("fencing-scope", "mine")])).is_err());
+        assert!(resolve_scope(&s, "/z", &headers(&[("fencing-scope", "no spaces")])).is_err());
+    }
+
+    #[test]
+    fn client_scopes_can_be_disabled() {
+        let s = shared(vec![], false);
+        assert!(resolve_scope(&s, "/z", &headers(&[("fencing-scope", "mine")])).is_err());
+        assert_eq!(
+            resolve_scope(&s, "/z", &headers(&[])).unwrap(),
+            DEFAULT_SCOPE
+        );
+    }
+}

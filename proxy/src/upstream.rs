@@ -1,0 +1,182 @@
+//! Where admitted requests go: an HTTP(S) upstream through a pooled client, or the
+//! embedded object store in-process.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, Uri, header};
+use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::body::ProxyBody;
+use crate::config::ProxyConfig;
+use crate::error::ProxyError;
+use crate::metrics as m;
+use crate::tls::{self, TlsError};
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// An HTTP(S) upstream.
+pub(crate) struct HttpUpstream {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// Scheme and authority of the base URL.
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    /// Path of the base URL without a trailing slash ("" for the root).
+    base_path: String,
+    timeout: Duration,
+}
+
+impl HttpUpstream {
+    /// Builds the pooled client for `config.upstream`.
+    pub(crate) fn new(base: &str, config: &ProxyConfig) -> Result<Self, TlsError> {
+        let limits = &config.limits;
+        let uri: Uri = base
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| TlsError::Pem {
+                what: "upstream URL",
+                path: base.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_millis(
+            limits.upstream_connect_timeout_ms,
+        )));
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls::client_config(config.upstream_ca.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(limits.upstream_idle_per_host)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        let parts = uri.into_parts();
+        Ok(Self {
+            client,
+            scheme: parts.scheme.unwrap_or(http::uri::Scheme::HTTP),
+            authority: parts.authority.ok_or_else(|| TlsError::Pem {
+                what: "upstream URL",
+                path: base.to_owned(),
+                reason: "no host".to_owned(),
+            })?,
+            base_path: parts
+                .path_and_query
+                .map(|p| p.path().trim_end_matches('/').to_owned())
+                .unwrap_or_default(),
+            timeout: Duration::from_millis(limits.upstream_timeout_ms),
+        })
+    }
+
+    /// Sends `parts` + `body` upstream and returns its response once its head arrived.
+    pub(crate) async fn forward(
+        &self,
+        mut parts: http::request::Parts,
+        body: Bytes,
+        peer: std::net::IpAddr,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        let uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+            .map_err(|e| ProxyError::BadRequest(format!("cannot build upstream URI: {e}")))?;
+        strip_hop_by_hop(&mut parts.headers);
+        // The client sets Host from the URI, as nginx's proxy_pass does by default.
+        parts.headers.remove(header::HOST);
+        append_forwarded_for(&mut parts.headers, peer);
+        let mut request = Request::from_parts(parts, Full::new(body));
+        *request.uri_mut() = uri;
+        *request.version_mut() = http::Version::HTTP_11;
+
+        let started = Instant::now();
+        let result = tokio::time::timeout(self.timeout, self.client.request(request)).await;
+        metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
+        let response = result
+            .map_err(|_| ProxyError::UpstreamTimeout {
+                timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+            })?
+            .map_err(|e| ProxyError::Upstream(error_chain(&e)))?;
+        let (mut parts, body) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(parts, body.boxed()))
+    }
+}
+
+/// Removes hop-by-hop headers, including any named by `Connection`.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for name in HOP_BY_HOP
+        .iter()
+        .copied()
+        .chain(named.iter().map(String::as_str))
+    {
+        headers.remove(name);
+    }
+}
+
+fn append_forwarded_for(headers: &mut HeaderMap, peer: std::net::IpAddr) {
+    if let Ok(v) = HeaderValue::from_str(&peer.to_string()) {
+        headers.append("x-forwarded-for", v);
+    }
+}
+
+/// An error with its sources, so "connection refused" is not hidden behind "client error".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_connection_named_ones_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("fencing-token", HeaderValue::from_static("5"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert_eq!(h["fencing-token"], "5");
+    }
+}
