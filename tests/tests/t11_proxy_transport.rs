@@ -1,0 +1,253 @@
+//! The proxy's transport and limits, end to end: body and header limits, slow clients,
+//! TLS from PEM files, cleartext HTTP/2, and graceful shutdown.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use palisade_tests::client::{put, send};
+use palisade_tests::process::ProxyProcess;
+use palisade_tests::upstream::RecordingUpstream;
+use palisade_tests::wait;
+
+fn write_config(dir: &std::path::Path, text: &str) -> String {
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// Sends raw bytes on a fresh connection and returns everything the proxy answers until
+/// it closes the connection or `timeout` passes.
+fn raw_exchange(addr: std::net::SocketAddr, request: &[u8], timeout: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(timeout)).unwrap();
+    stream.write_all(request).unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// An oversize body gets 413 (with or without Content-Length) and is not forwarded.
+#[tokio::test]
+async fn oversize_body_gets_413_and_is_not_forwarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let config = write_config(dir.path(), "[limits]\nbody_bytes_max = 1024\n");
+    let proxy = ProxyProcess::start(
+        dir.path(),
+        &["--upstream", &upstream.url(), "--config", &config],
+    );
+
+    assert_eq!(
+        put(&proxy.url("/k"), 1, &"x".repeat(1024)).await.status,
+        StatusCode::OK
+    );
+    let big = put(&proxy.url("/k"), 2, &"x".repeat(1025)).await;
+    assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(big.json()["status"], 413);
+
+    // A chunked body gives no size up front: the limit applies while reading.
+    let chunk = "y".repeat(800);
+    let chunked = format!(
+        "PUT /k HTTP/1.1\r\nHost: x\r\nFencing-Token: 3\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len(),
+        chunk.len()
+    );
+    let answer = raw_exchange(proxy.addr, chunked.as_bytes(), Duration::from_secs(10));
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
+    assert_eq!(
+        upstream.arrived().len(),
+        1,
+        "only the request within the limit was forwarded"
+    );
+    let fence = send(Method::GET, &proxy.admin_url("/v1/fences/default"), &[], "")
+        .await
+        .json();
+    assert_eq!(
+        fence["token"], 1,
+        "a refused oversize write does not raise the fence"
+    );
+}
+
+/// Oversize request heads get 431.
+#[tokio::test]
+async fn oversize_headers_get_431() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let proxy = ProxyProcess::start(dir.path(), &["--upstream", &upstream.url()]);
+    let big = "v".repeat(64 * 1024);
+    let request = format!("GET /k HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n");
+    let answer = raw_exchange(proxy.addr, request.as_bytes(), Duration::from_secs(10));
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(upstream.arrived().is_empty());
+}
+
+/// A client that never finishes its request head is disconnected after the header read
+/// timeout, while a prompt client on another connection is served.
+#[tokio::test]
+async fn slow_headers_time_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let config = write_config(dir.path(), "[limits]\nheader_read_timeout_ms = 500\n");
+    let proxy = ProxyProcess::start(
+        dir.path(),
+        &["--upstream", &upstream.url(), "--config", &config],
+    );
+
+    let started = Instant::now();
+    let addr = proxy.addr;
+    let slow = tokio::task::spawn_blocking(move || {
+        raw_exchange(
+            addr,
+            b"PUT /k HTTP/1.1\r\nHost: x\r\nFencing-To",
+            Duration::from_secs(20),
+        )
+    });
+    assert_eq!(
+        put(&proxy.url("/k"), 1, "prompt").await.status,
+        StatusCode::OK
+    );
+    let answer = slow.await.unwrap();
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(15),
+        "the slow connection was closed by the proxy, not the test's read timeout ({elapsed:?})"
+    );
+    assert!(
+        !answer.starts_with("HTTP/1.1 2"),
+        "the incomplete request was not served: {answer}"
+    );
+    assert_eq!(upstream.arrived().len(), 1);
+}
+
+/// Cleartext HTTP/2 (prior knowledge) is served like HTTP/1.1.
+#[tokio::test]
+async fn h2c_clients_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = ProxyProcess::start(dir.path(), &[]);
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let request = Request::builder()
+        .method(Method::PUT)
+        .uri(proxy.url("/h2/key"))
+        .header("fencing-token", "1")
+        .body(Full::new(Bytes::from_static(b"over h2")))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), Version::HTTP_2);
+    assert_eq!(response.status(), StatusCode::OK);
+    let stale = Request::builder()
+        .method(Method::PUT)
+        .uri(proxy.url("/h2/key"))
+        .header("fencing-token", "0")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(
+        client.request(stale).await.unwrap().status(),
+        StatusCode::CONFLICT,
+        "token 0 is below the fence 1"
+    );
+}
+
+/// The TLS listener serves HTTP/1.1 and h2 with a certificate made in the test.
+#[tokio::test]
+async fn tls_listener_serves_with_a_generated_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert_path = dir.path().join("cert.pem");
+    let key_path = dir.path().join("key.pem");
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
+    let proxy = ProxyProcess::start(
+        dir.path(),
+        &[
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+        ],
+    );
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).unwrap();
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .enable_http2()
+        .build();
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+    let url = format!("https://localhost:{}/secure/key", proxy.addr.port());
+    let request = Request::builder()
+        .method(Method::PUT)
+        .uri(&url)
+        .header("fencing-token", "2")
+        .body(Full::new(Bytes::from_static(b"secret")))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.version(), Version::HTTP_2, "ALPN offers h2");
+    let get = Request::builder()
+        .uri(&url)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client.request(get).await.unwrap();
+    assert_eq!(response.headers()["fencing-token"], "2");
+    assert_eq!(
+        response.into_body().collect().await.unwrap().to_bytes(),
+        "secret"
+    );
+
+    // Cleartext to the TLS port is not served.
+    let plain =
+        palisade_tests::client::try_send(Method::GET, &proxy.url("/secure/key"), &[], "").await;
+    assert!(plain.is_err() || plain.unwrap().status != StatusCode::OK);
+}
+
+/// On SIGTERM the proxy stops accepting, finishes the request in flight, then exits 0.
+#[tokio::test]
+async fn graceful_shutdown_completes_in_flight_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let mut proxy = ProxyProcess::start(dir.path(), &["--upstream", &upstream.url()]);
+    upstream.hold("/slow");
+    let url = proxy.url("/slow");
+    let in_flight = tokio::spawn(async move { put(&url, 1, "finish me").await });
+    wait::until(
+        "the write to reach the upstream",
+        Duration::from_secs(10),
+        || async { (!upstream.arrived().is_empty()).then_some(()) },
+    )
+    .await;
+
+    proxy.guard.signal(nix::sys::signal::Signal::SIGTERM);
+    let addr = proxy.addr;
+    wait::until(
+        "the proxy to stop accepting",
+        Duration::from_secs(10),
+        || async { TcpStream::connect(addr).is_err().then_some(()) },
+    )
+    .await;
+    upstream.release("/slow");
+    let answer = in_flight.await.unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "the in-flight request completed"
+    );
+    assert_eq!(upstream.applied().len(), 1);
+    let code = tokio::task::spawn_blocking(move || proxy.guard.wait_exit(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0));
+}
