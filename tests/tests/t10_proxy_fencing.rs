@@ -1,6 +1,8 @@
 //! The proxy's fencing rules, end to end: a real `palisade proxy` process in front of a
 //! recording upstream that logs what really reached the storage.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
+
 use std::time::Duration;
 
 use http::{Method, StatusCode};
