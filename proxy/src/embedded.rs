@@ -2,7 +2,8 @@
 //!
 //! `PUT /any/path` stores the body, `GET` returns it with `Fencing-Token` set to the token
 //! that wrote it, `DELETE` removes it, `GET /prefix/?list` lists keys. The key is the
-//! path without its leading `/`.
+//! path without its leading `/`. Every put gets the next store-wide revision, so a
+//! listing shows the order in which writes were applied (`revision`), across keys.
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Response, StatusCode, header};
@@ -11,6 +12,9 @@ use serde_json::json;
 
 use crate::body::{ProxyBody, full, json};
 use crate::error::ProxyError;
+
+/// Response header of a `GET`: the store-wide revision of the write that stored the object.
+pub const REVISION_HEADER: &str = "palisade-revision";
 
 /// Most keys one listing returns; `?list&limit=N` may ask for fewer.
 pub const LIST_KEYS_MAX: usize = 1000;
@@ -33,7 +37,7 @@ pub(crate) async fn serve(
         let truncated = keys.len() == limit;
         let keys: Vec<_> = keys
             .into_iter()
-            .map(|m| json!({"key": m.key, "token": m.token, "size": m.size}))
+            .map(|m| json!({"key": m.key, "token": m.token, "revision": m.revision, "size": m.size}))
             .collect();
         return Ok(ok_json(&json!({"keys": keys, "truncated": truncated})));
     }
@@ -50,8 +54,8 @@ pub(crate) async fn serve(
             let size = body.len() as u64;
             let store = store.clone();
             let key_owned = key.clone();
-            blocking(move || store.put(&key_owned, token, &body)).await?;
-            Ok(ok_json(&json!({"key": key, "token": token, "size": size})))
+            let revision = blocking(move || store.put(&key_owned, token, &body)).await?;
+            Ok(ok_json(&json!({"key": key, "token": token, "revision": revision, "size": size})))
         }
         Method::DELETE => {
             let store = store.clone();
@@ -87,6 +91,7 @@ pub(crate) async fn serve(
                 crate::service::FENCING_TOKEN,
                 HeaderValue::from(object.token),
             );
+            headers.insert(REVISION_HEADER, HeaderValue::from(object.revision));
             Ok(response)
         }
         _ => Err(ProxyError::MethodNotAllowed {

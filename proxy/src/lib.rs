@@ -48,6 +48,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use config::{ConfigError, Limits, ProxyConfig, Route, TlsConfig};
+pub use embedded::{LIST_KEYS_MAX, REVISION_HEADER};
 pub use error::{Cause, FENCING_TOKEN_CURRENT, ProxyError};
 pub use service::{DEFAULT_SCOPE, FENCING_SCOPE, FENCING_TOKEN};
 pub use tls::TlsError;

@@ -7,9 +7,12 @@
 
 use std::sync::Arc;
 
-use redb::{Durability, ReadableDatabase, TableError};
+use redb::{Durability, ReadableDatabase, ReadableTable, TableError};
 
-use crate::tables::OBJECTS;
+use crate::tables::{OBJECT_COUNTERS, OBJECTS};
+
+/// The key in [`OBJECT_COUNTERS`] of the last write's revision.
+const REVISION: &str = "revision";
 
 /// Default bound on one object's size: 16 MiB.
 pub const OBJECT_BYTES_MAX_DEFAULT: u64 = 16 * 1024 * 1024;
@@ -19,6 +22,9 @@ pub const OBJECT_BYTES_MAX_DEFAULT: u64 = 16 * 1024 * 1024;
 pub struct Object {
     /// The fencing token of the write that stored it.
     pub token: u64,
+    /// The store-wide revision of the write that stored it: puts are numbered 1, 2, 3, ...
+    /// in the order they were applied, so revisions give the apply order across keys.
+    pub revision: u64,
     /// The body.
     pub body: Vec<u8>,
 }
@@ -30,6 +36,8 @@ pub struct ObjectMeta {
     pub key: String,
     /// The fencing token of the write that stored it.
     pub token: u64,
+    /// The store-wide revision of the write that stored it (see [`Object::revision`]).
+    pub revision: u64,
     /// Body size in bytes.
     pub size: u64,
 }
@@ -77,8 +85,9 @@ impl ObjectStore {
     pub fn object_bytes_max(&self) -> u64 {
         self.object_bytes_max
     }
-    /// Stores `body` under `key`, recording `token`; durable (fsynced) before it returns.
-    pub fn put(&self, key: &str, token: u64, body: &[u8]) -> Result<(), ObjectError> {
+    /// Stores `body` under `key`, recording `token` and the next store-wide revision, which
+    /// it returns; durable (fsynced) before it returns.
+    pub fn put(&self, key: &str, token: u64, body: &[u8]) -> Result<u64, ObjectError> {
         // `usize` is at most 64 bits on every supported target, so this never saturates.
         let size = u64::try_from(body.len()).unwrap_or(u64::MAX);
         if size > self.object_bytes_max {
@@ -89,13 +98,23 @@ impl ObjectStore {
             });
         }
         let txn = self.begin_durable_write()?;
-        {
+        let revision = {
+            let mut counters = txn.open_table(OBJECT_COUNTERS).map_err(storage_error)?;
+            let last = counters
+                .get(REVISION)
+                .map_err(storage_error)?
+                .map_or(0, |v| v.value());
+            let revision = last + 1;
+            counters.insert(REVISION, revision).map_err(storage_error)?;
             let mut table = txn.open_table(OBJECTS).map_err(storage_error)?;
-            table.insert(key, (token, body)).map_err(storage_error)?;
-        }
+            table
+                .insert(key, (token, revision, body))
+                .map_err(storage_error)?;
+            revision
+        };
         txn.commit().map_err(storage_error)?;
-        tracing::debug!(key, token, size, "object stored");
-        Ok(())
+        tracing::debug!(key, token, revision, size, "object stored");
+        Ok(revision)
     }
     /// Reads `key`.
     pub fn get(&self, key: &str) -> Result<Option<Object>, ObjectError> {
@@ -106,9 +125,10 @@ impl ObjectStore {
             Err(err) => return Err(storage_error(err)),
         };
         let object = table.get(key).map_err(storage_error)?.map(|stored| {
-            let (token, body) = stored.value();
+            let (token, revision, body) = stored.value();
             Object {
                 token,
+                revision,
                 body: body.to_vec(),
             }
         });
@@ -146,10 +166,11 @@ impl ObjectStore {
             if !key.starts_with(prefix) {
                 break;
             }
-            let (token, body) = stored.value();
+            let (token, revision, body) = stored.value();
             listed.push(ObjectMeta {
                 key: key.to_owned(),
                 token,
+                revision,
                 size: u64::try_from(body.len()).unwrap_or(u64::MAX),
             });
             if listed.len() >= limit {
@@ -189,19 +210,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let objects = store(&dir, OBJECT_BYTES_MAX_DEFAULT);
         assert_eq!(objects.get("k").unwrap(), None);
-        objects.put("k", 7, b"hello").unwrap();
+        assert_eq!(objects.put("k", 7, b"hello").unwrap(), 1);
         assert_eq!(
             objects.get("k").unwrap(),
             Some(Object {
                 token: 7,
+                revision: 1,
                 body: b"hello".to_vec()
             })
         );
-        objects.put("k", 8, b"").unwrap();
+        assert_eq!(objects.put("k", 8, b"").unwrap(), 2);
         assert_eq!(
             objects.get("k").unwrap(),
             Some(Object {
                 token: 8,
+                revision: 2,
                 body: Vec::new()
             })
         );
@@ -257,23 +280,25 @@ mod tests {
         ] {
             objects.put(key, token, body).unwrap();
         }
-        let meta = |key: &str, token, size| ObjectMeta {
+        // Revisions follow the order of the puts above: a/2 was first, 0 was seventh.
+        let meta = |key: &str, token, revision, size| ObjectMeta {
             key: key.to_owned(),
             token,
+            revision,
             size,
         };
         assert_eq!(
             objects.list("a/", 100).unwrap(),
-            vec![meta("a/1", 1, 1), meta("a/2", 2, 2), meta("a/3", 3, 3)]
+            vec![meta("a/1", 1, 3, 1), meta("a/2", 2, 1, 2), meta("a/3", 3, 4, 3)]
         );
         assert_eq!(
             objects.list("a/", 2).unwrap(),
-            vec![meta("a/1", 1, 1), meta("a/2", 2, 2)]
+            vec![meta("a/1", 1, 3, 1), meta("a/2", 2, 1, 2)]
         );
         assert!(objects.list("a/", 0).unwrap().is_empty());
         assert!(objects.list("c", 100).unwrap().is_empty());
         assert_eq!(objects.list("", 100).unwrap().len(), 7);
-        assert_eq!(objects.list("", 3).unwrap()[0], meta("0", 9, 2));
+        assert_eq!(objects.list("", 3).unwrap()[0], meta("0", 9, 7, 2));
     }
 
     /// Goal: acknowledged puts and deletes are on disk. Method: write, delete, drop every
@@ -292,10 +317,16 @@ mod tests {
             objects.get("kept").unwrap(),
             Some(Object {
                 token: 5,
+                revision: 1,
                 body: b"body".to_vec()
             })
         );
         assert_eq!(objects.get("gone").unwrap(), None);
+        assert_eq!(
+            objects.put("next", 7, b"").unwrap(),
+            3,
+            "the revision counter survives reopening; deletes do not reuse revisions"
+        );
     }
 
     /// Goal: a file without the object table reads as empty and the first put creates it.

@@ -416,6 +416,7 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.text(), "one");
     assert_eq!(got.header("fencing-token").as_deref(), Some("3"));
+    assert_eq!(got.header("palisade-revision").as_deref(), Some("1"), "first write applied");
     let list = send(Method::GET, &proxy.url("/ledger/?list"), &[], "")
         .await
         .json();
@@ -427,6 +428,7 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
         .collect();
     assert_eq!(keys, vec!["ledger/1", "ledger/2"]);
     assert_eq!(list["keys"][1]["token"], 4);
+    assert_eq!(list["keys"][1]["revision"], 2, "revisions give the apply order");
     let deleted = client::send(
         Method::DELETE,
         &proxy.url("/ledger/1"),
