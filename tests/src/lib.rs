@@ -1,15 +1,28 @@
-//! Harness for Palisade's end-to-end tests: real `palisade` processes on loopback, a
-//! recording upstream that logs what really reached the storage, and an HTTP helper.
+//! Harness for Palisade's end-to-end tests. Processes, the HTTP client and waiting come
+//! from `palisade-cluster` (shared with `palisade demo`); this crate adds what only tests
+//! need.
 //!
 //! # Layout
-//! - `process`: locating the binary, child guards that SIGCONT then kill on drop, and
-//!   starting a `palisade proxy` that reports its bound addresses.
 //! - `upstream`: the recording upstream, with per-path hold gates to keep a request in flight.
-//! - `client`: a small HTTP client returning status, headers and body.
-//! - `wait`: waiting for a condition with a deadline.
+//! - re-exports of `palisade_cluster`'s `client` and `wait`, and a panicking `process`
+//!   facade over its launchers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
 
-pub mod client;
-pub mod process;
+pub use palisade_cluster::{client, wait};
+
 pub mod upstream;
-pub mod wait;
+
+/// Launchers that panic with the cause, for tests.
+pub mod process {
+    use std::path::Path;
+
+    pub use palisade_cluster::ChildGuard;
+
+    /// A running `palisade proxy`.
+    pub type ProxyProcess = palisade_cluster::ProxyProcess;
+
+    /// Starts a proxy in `dir` with `extra` flags, or panics with the cause.
+    pub fn start_proxy(dir: &Path, extra: &[&str]) -> ProxyProcess {
+        palisade_cluster::ProxyProcess::start(dir, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+}

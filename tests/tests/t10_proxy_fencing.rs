@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use palisade_tests::client::{self, put, send};
-use palisade_tests::process::ProxyProcess;
+use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
 use palisade_tests::wait;
 
@@ -25,7 +25,7 @@ fn tokens(upstream: &RecordingUpstream) -> Vec<String> {
 async fn stale_token_is_rejected_and_never_reaches_upstream() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let proxy = ProxyProcess::start(dir.path(), &["--upstream", &upstream.url()]);
+    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
 
     assert_eq!(
         put(&proxy.url("/k"), 5, "five").await.status,
@@ -61,7 +61,7 @@ async fn higher_token_advance_survives_restart_and_kill9() {
     let url = upstream.url();
     let args = ["--upstream", url.as_str()];
 
-    let mut proxy = ProxyProcess::start(dir.path(), &args);
+    let mut proxy = start_proxy(dir.path(), &args);
     assert_eq!(put(&proxy.url("/a"), 3, "x").await.status, StatusCode::OK);
     assert_eq!(
         put(&proxy.url("/a"), 3, "y").await.status,
@@ -70,10 +70,16 @@ async fn higher_token_advance_survives_restart_and_kill9() {
     );
     assert_eq!(put(&proxy.url("/a"), 7, "z").await.status, StatusCode::OK);
     // SIGTERM: a clean stop.
-    proxy.guard.signal(nix::sys::signal::Signal::SIGTERM);
-    assert_eq!(proxy.guard.wait_exit(Duration::from_secs(20)), Some(0));
+    proxy
+        .guard
+        .signal(nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    assert_eq!(
+        proxy.guard.wait_exit(Duration::from_secs(20)).unwrap(),
+        Some(0)
+    );
 
-    let mut proxy = ProxyProcess::start(dir.path(), &args);
+    let mut proxy = start_proxy(dir.path(), &args);
     assert_eq!(
         put(&proxy.url("/a"), 6, "stale").await.status,
         StatusCode::CONFLICT
@@ -81,7 +87,7 @@ async fn higher_token_advance_survives_restart_and_kill9() {
     assert_eq!(put(&proxy.url("/a"), 9, "w").await.status, StatusCode::OK);
     proxy.guard.kill9();
 
-    let proxy = ProxyProcess::start(dir.path(), &args);
+    let proxy = start_proxy(dir.path(), &args);
     let fence = send(Method::GET, &proxy.admin_url("/v1/fences/default"), &[], "")
         .await
         .json();
@@ -102,7 +108,7 @@ async fn higher_token_advance_survives_restart_and_kill9() {
 async fn malformed_requests_get_their_status_and_nothing_is_forwarded() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let proxy = ProxyProcess::start(dir.path(), &["--upstream", &upstream.url()]);
+    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
     let url = proxy.url("/k");
 
     let missing = send(Method::PUT, &url, &[], "x").await;
@@ -157,7 +163,7 @@ async fn higher_token_waits_for_lower_in_flight_and_times_out_with_503() {
     let upstream = RecordingUpstream::start().await;
     let config = dir.path().join("proxy.toml");
     std::fs::write(&config, "[limits]\nbarrier_timeout_ms = 1500\n").unwrap();
-    let proxy = ProxyProcess::start(
+    let proxy = start_proxy(
         dir.path(),
         &[
             "--upstream",
@@ -220,7 +226,7 @@ async fn higher_token_waits_for_lower_in_flight_and_times_out_with_503() {
 async fn reads_pass_unfenced_and_are_fenced_when_configured() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let proxy = ProxyProcess::start(dir.path(), &["--upstream", &upstream.url()]);
+    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
     assert_eq!(put(&proxy.url("/k"), 5, "x").await.status, StatusCode::OK);
     assert_eq!(
         send(Method::GET, &proxy.url("/k"), &[], "").await.status,
@@ -235,7 +241,7 @@ async fn reads_pass_unfenced_and_are_fenced_when_configured() {
     drop(proxy);
 
     let dir = tempfile::tempdir().unwrap();
-    let proxy = ProxyProcess::start(
+    let proxy = start_proxy(
         dir.path(),
         &["--upstream", &upstream.url(), "--fence-reads"],
     );
@@ -269,7 +275,7 @@ async fn reads_pass_unfenced_and_are_fenced_when_configured() {
 async fn admin_advance_fences_out_lower_writes() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let proxy = ProxyProcess::start(dir.path(), &["--upstream", &upstream.url()]);
+    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
     assert_eq!(put(&proxy.url("/k"), 1, "x").await.status, StatusCode::OK);
 
     let advanced = send(
@@ -351,7 +357,7 @@ async fn scopes_are_independent_and_routes_choose_them() {
         "[[routes]]\nprefix = \"/billing/\"\nscope = \"billing\"\n",
     )
     .unwrap();
-    let proxy = ProxyProcess::start(
+    let proxy = start_proxy(
         dir.path(),
         &[
             "--upstream",
@@ -396,7 +402,7 @@ async fn scopes_are_independent_and_routes_choose_them() {
 #[tokio::test]
 async fn embedded_store_records_the_writing_token_and_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let proxy = ProxyProcess::start(dir.path(), &[]);
+    let proxy = start_proxy(dir.path(), &[]);
     assert_eq!(
         put(&proxy.url("/ledger/1"), 3, "one").await.status,
         StatusCode::OK
@@ -411,12 +417,16 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
     );
     drop(proxy);
 
-    let proxy = ProxyProcess::start(dir.path(), &[]);
+    let proxy = start_proxy(dir.path(), &[]);
     let got = send(Method::GET, &proxy.url("/ledger/1"), &[], "").await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.text(), "one");
     assert_eq!(got.header("fencing-token").as_deref(), Some("3"));
-    assert_eq!(got.header("palisade-revision").as_deref(), Some("1"), "first write applied");
+    assert_eq!(
+        got.header("palisade-revision").as_deref(),
+        Some("1"),
+        "first write applied"
+    );
     let list = send(Method::GET, &proxy.url("/ledger/?list"), &[], "")
         .await
         .json();
@@ -428,7 +438,10 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
         .collect();
     assert_eq!(keys, vec!["ledger/1", "ledger/2"]);
     assert_eq!(list["keys"][1]["token"], 4);
-    assert_eq!(list["keys"][1]["revision"], 2, "revisions give the apply order");
+    assert_eq!(
+        list["keys"][1]["revision"], 2,
+        "revisions give the apply order"
+    );
     let deleted = client::send(
         Method::DELETE,
         &proxy.url("/ledger/1"),

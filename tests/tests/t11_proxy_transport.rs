@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use palisade_tests::client::{put, send};
-use palisade_tests::process::ProxyProcess;
+use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
 use palisade_tests::wait;
 
@@ -40,7 +40,7 @@ async fn oversize_body_gets_413_and_is_not_forwarded() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let config = write_config(dir.path(), "[limits]\nbody_bytes_max = 1024\n");
-    let proxy = ProxyProcess::start(
+    let proxy = start_proxy(
         dir.path(),
         &["--upstream", &upstream.url(), "--config", &config],
     );
@@ -82,7 +82,7 @@ async fn oversize_body_gets_413_and_is_not_forwarded() {
 async fn oversize_headers_get_431() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let proxy = ProxyProcess::start(dir.path(), &["--upstream", &upstream.url()]);
+    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
     let big = "v".repeat(64 * 1024);
     let request = format!("GET /k HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n");
     let answer = raw_exchange(proxy.addr, request.as_bytes(), Duration::from_secs(10));
@@ -97,7 +97,7 @@ async fn slow_headers_time_out() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let config = write_config(dir.path(), "[limits]\nheader_read_timeout_ms = 500\n");
-    let proxy = ProxyProcess::start(
+    let proxy = start_proxy(
         dir.path(),
         &["--upstream", &upstream.url(), "--config", &config],
     );
@@ -132,7 +132,7 @@ async fn slow_headers_time_out() {
 #[tokio::test]
 async fn h2c_clients_are_served() {
     let dir = tempfile::tempdir().unwrap();
-    let proxy = ProxyProcess::start(dir.path(), &[]);
+    let proxy = start_proxy(dir.path(), &[]);
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build_http();
@@ -167,7 +167,7 @@ async fn tls_listener_serves_with_a_generated_certificate() {
     let key_path = dir.path().join("key.pem");
     std::fs::write(&cert_path, cert.cert.pem()).unwrap();
     std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
-    let proxy = ProxyProcess::start(
+    let proxy = start_proxy(
         dir.path(),
         &[
             "--tls-cert",
@@ -221,7 +221,7 @@ async fn tls_listener_serves_with_a_generated_certificate() {
 async fn graceful_shutdown_completes_in_flight_request() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let mut proxy = ProxyProcess::start(dir.path(), &["--upstream", &upstream.url()]);
+    let mut proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
     upstream.hold("/slow");
     let url = proxy.url("/slow");
     let in_flight = tokio::spawn(async move { put(&url, 1, "finish me").await });
@@ -232,7 +232,10 @@ async fn graceful_shutdown_completes_in_flight_request() {
     )
     .await;
 
-    proxy.guard.signal(nix::sys::signal::Signal::SIGTERM);
+    proxy
+        .guard
+        .signal(nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
     let addr = proxy.addr;
     wait::until(
         "the proxy to stop accepting",
@@ -248,8 +251,10 @@ async fn graceful_shutdown_completes_in_flight_request() {
         "the in-flight request completed"
     );
     assert_eq!(upstream.applied().len(), 1);
-    let code = tokio::task::spawn_blocking(move || proxy.guard.wait_exit(Duration::from_secs(20)))
-        .await
-        .unwrap();
+    let code = tokio::task::spawn_blocking(move || {
+        proxy.guard.wait_exit(Duration::from_secs(20)).unwrap()
+    })
+    .await
+    .unwrap();
     assert_eq!(code, Some(0));
 }

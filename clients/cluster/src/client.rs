@@ -1,4 +1,4 @@
-//! A small HTTP client for tests: one request, the whole answer.
+//! A small HTTP client: one request over a fresh connection, the whole answer back.
 
 use std::time::Duration;
 
@@ -8,7 +8,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{Client, connect::HttpConnector};
 use hyper_util::rt::TokioExecutor;
 
-/// Longest a test request may take before the test fails.
+use crate::{ClusterError, Result};
+
+/// Longest one request may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A whole response.
@@ -23,14 +25,9 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// The body as JSON.
+    /// The body as JSON, or `Null` when it is not JSON.
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "body is not JSON ({e}): {}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
     }
     /// The body as text.
     pub fn text(&self) -> String {
@@ -40,30 +37,33 @@ impl Answer {
     pub fn header(&self, name: &str) -> Option<String> {
         self.headers
             .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
+            .and_then(|v| v.to_str().ok())
+            .map(ToOwned::to_owned)
     }
 }
 
-/// Sends one request over a fresh connection. `headers` are appended in order, so a
-/// header may be repeated.
-pub async fn send(
-    method: Method,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-) -> Answer {
-    try_send(method, url, headers, body)
-        .await
-        .unwrap_or_else(|e| panic!("request to {url} failed: {e}"))
-}
-
-/// Like [`send`], but returns transport errors instead of panicking.
+/// Sends one request. `headers` are appended in order, so a header may be repeated.
 pub async fn try_send(
     method: Method,
     url: &str,
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
-) -> Result<Answer, String> {
+) -> Result<Answer> {
+    try_send_within(method, url, headers, body, REQUEST_TIMEOUT).await
+}
+
+/// Like [`try_send`], with a timeout of the caller's choosing.
+pub async fn try_send_within(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+    timeout: Duration,
+) -> Result<Answer> {
+    let err = |cause: String| ClusterError::Http {
+        url: url.to_owned(),
+        cause,
+    };
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build_http();
@@ -73,13 +73,17 @@ pub async fn try_send(
     }
     let request = builder
         .body(Full::new(body.into()))
-        .map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(REQUEST_TIMEOUT, client.request(request))
+        .map_err(|e| err(e.to_string()))?;
+    let response = tokio::time::timeout(timeout, client.request(request))
         .await
-        .map_err(|_| "timed out".to_owned())?
-        .map_err(|e| format!("{e:?}"))?;
+        .map_err(|_| err(format!("timed out after {timeout:?}")))?
+        .map_err(|e| err(format!("{e:?}")))?;
     let (parts, body) = response.into_parts();
-    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    let body = tokio::time::timeout(timeout, body.collect())
+        .await
+        .map_err(|_| err(format!("body timed out after {timeout:?}")))?
+        .map_err(|e| err(e.to_string()))?
+        .to_bytes();
     Ok(Answer {
         status: parts.status,
         headers: parts.headers,
@@ -87,7 +91,20 @@ pub async fn try_send(
     })
 }
 
-/// A PUT with a fencing token.
+/// [`try_send`] that panics on transport errors: for tests.
+pub async fn send(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    match try_send(method, url, headers, body).await {
+        Ok(a) => a,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A PUT with a fencing token, panicking on transport errors: for tests.
 pub async fn put(url: &str, token: u64, body: &str) -> Answer {
     let t = token.to_string();
     send(Method::PUT, url, &[("fencing-token", &t)], body.to_owned()).await
