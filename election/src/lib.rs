@@ -1,1 +1,67 @@
-//! placeholder
+//! A raft cluster (raft-rs 0.7) whose established leader's term is the fencing token.
+//!
+//! Each node runs one election loop that owns its `RawNode`, persists raft state in redb
+//! (`palisade_storage::RaftLog`), talks to its peers over TCP, and publishes its view of
+//! leadership on a `tokio::sync::watch`. A leader holds a token (its term) only once it is
+//! *established*: it has applied an entry of its own term, so it knows everything earlier
+//! leaders committed. It loses the token the moment it steps down or starts handing
+//! leadership over. With `announce` URLs configured, a new token is pushed to every proxy
+//! (`POST /v1/fences/<scope>`) so the previous leader is fenced out at once.
+//!
+//! Embedding:
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use palisade_election::{Node, NodeConfig};
+//! let config = NodeConfig {
+//!     id: 1,
+//!     peers: [(1, "127.0.0.1:7001".to_owned())].into_iter().collect(),
+//!     data_dir: "/var/lib/palisade/node1".into(),
+//!     ..NodeConfig::default()
+//! };
+//! let node = Node::start(config).await?;
+//! let mut leadership = node.leadership();
+//! let token = leadership.wait_for(|l| l.token.is_some()).await?.token;
+//! println!("fencing token {token:?}");
+//! node.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - `config`: [`NodeConfig`], its defaults and limits, and validation naming the bad field.
+//! - `leadership`: [`Leadership`] and [`Role`], what the watch channel and the API report.
+//! - `node`: [`Node::start`], [`NodeHandle`], and the election loop that owns the `RawNode`
+//!   and handles each `Ready` in the documented order.
+//! - `transport`: the peer protocol (length-prefixed prost frames carrying protobuf raft
+//!   messages), inbound checks, the TCP transport and the in-memory test network.
+//! - `announce`: fencing the configured proxies when this node becomes established.
+//! - `api`: the HTTP API (`/v1/leader` with long poll, `/v1/transfer`, `/v1/resign`,
+//!   `/metrics`, `/healthz`).
+//! - `metrics`: the node's own Prometheus recorder and metric handles.
+#![deny(missing_docs)]
+
+mod announce;
+mod api;
+mod config;
+mod leadership;
+mod metrics;
+mod node;
+pub mod transport;
+
+pub use announce::{ANNOUNCE_BACKOFF_MAX_MS, ANNOUNCE_BACKOFF_MIN_MS, ANNOUNCE_TIMEOUT_MS};
+pub use api::{
+    API_BODY_BYTES_MAX, API_CONNECTIONS_MAX, LONG_POLL_TIMEOUT_MS_DEFAULT,
+    LONG_POLL_TIMEOUT_MS_MAX, LeaderView,
+};
+pub use config::{
+    ConfigError, ELECTION_TICKS_DEFAULT, ELECTION_TICKS_MAX, HEARTBEAT_TICKS_DEFAULT, NodeConfig,
+    PEERS_MAX, SCOPE_BYTES_MAX, TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, is_valid_scope,
+    split_host_port,
+};
+pub use leadership::{Leadership, Role};
+pub use node::{
+    INBOX_MAX, Node, NodeError, NodeHandle, StartError, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
+    Transferred,
+};
+pub use transport::mem::MemNetwork;
+pub use transport::{FRAME_BYTES_MAX, PEER_QUEUE_MAX};

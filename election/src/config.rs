@@ -1,0 +1,338 @@
+//! The configuration of one election node, its defaults, limits and validation.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Default tick period. The notes recommend 50-100 ms: short enough for a failover in about
+/// a second, long enough that a busy machine does not miss heartbeats.
+pub const TICK_MS_DEFAULT: u64 = 100;
+/// Lower bound on the tick period: below this, timer jitter dominates.
+pub const TICK_MS_MIN: u64 = 1;
+/// Upper bound on the tick period: a minute per tick is certainly a mistake.
+pub const TICK_MS_MAX: u64 = 60_000;
+/// Default election timeout in ticks (randomized by raft in `[n, 2n)`).
+pub const ELECTION_TICKS_DEFAULT: u64 = 10;
+/// Upper bound on the election timeout in ticks.
+pub const ELECTION_TICKS_MAX: u64 = 10_000;
+/// Default heartbeat interval in ticks. One tick keeps followers' election timers far from
+/// expiring even when one heartbeat is lost (the notes recommend 1-2).
+pub const HEARTBEAT_TICKS_DEFAULT: u64 = 1;
+/// Longest accepted scope name, in bytes (the proxy's rule).
+pub const SCOPE_BYTES_MAX: usize = 128;
+/// Most peers (voters, self included) a cluster may name.
+pub const PEERS_MAX: usize = 15;
+/// Most `--announce` proxies.
+pub const ANNOUNCE_URLS_MAX: usize = 64;
+
+/// The configuration of one node. Every field has a default except `id`, `peers` and
+/// `data_dir`, which [`NodeConfig::validate`] requires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// This node's raft id: non-zero, unique in the cluster, never reused with wiped storage.
+    pub id: u64,
+    /// Every voter's raft id and peer address (`HOST:PORT`), this node included. This node
+    /// listens on its own entry. All members must be started with the same set.
+    pub peers: BTreeMap<u64, String>,
+    /// Directory of the node's redb file (`raft.redb`); created when missing.
+    pub data_dir: PathBuf,
+    /// Address of the HTTP API (`None`: no API, for embedding).
+    pub api: Option<SocketAddr>,
+    /// The fencing scope this cluster's tokens fence: 1-128 of `[A-Za-z0-9._-]`.
+    pub scope: String,
+    /// Admin base URLs (`http://HOST:PORT`) of proxies to fence on election.
+    pub announce: Vec<String>,
+    /// Tick period in milliseconds.
+    pub tick_ms: u64,
+    /// Election timeout in ticks; must exceed `heartbeat_ticks`.
+    pub election_ticks: u64,
+    /// Heartbeat interval in ticks; at least 1.
+    pub heartbeat_ticks: u64,
+    /// raft election priority: a tie-breaker in votes and transfers, not a speed-up.
+    pub priority: i64,
+    /// A leader that has not heard from a quorum for an election timeout steps down.
+    pub check_quorum: bool,
+    /// Candidates first probe whether they could win, so a rejoining node does not disrupt.
+    pub pre_vote: bool,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            id: 0,
+            peers: BTreeMap::new(),
+            data_dir: PathBuf::new(),
+            api: None,
+            scope: "default".to_owned(),
+            announce: Vec::new(),
+            tick_ms: TICK_MS_DEFAULT,
+            election_ticks: ELECTION_TICKS_DEFAULT,
+            heartbeat_ticks: HEARTBEAT_TICKS_DEFAULT,
+            priority: 0,
+            check_quorum: true,
+            pre_vote: true,
+        }
+    }
+}
+
+/// A configuration value that is wrong, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {message}")]
+pub struct ConfigError {
+    /// The field, spelled as the command-line flag without dashes (`election_ticks` is
+    /// `--election-ticks`).
+    pub field: &'static str,
+    /// What is wrong, with the values involved.
+    pub message: String,
+}
+
+impl ConfigError {
+    /// A new error for `field`.
+    pub fn new(field: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+/// Whether `scope` is 1-128 of `[A-Za-z0-9._-]`.
+pub fn is_valid_scope(scope: &str) -> bool {
+    !scope.is_empty()
+        && scope.len() <= SCOPE_BYTES_MAX
+        && scope
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Splits `HOST:PORT` (host may be a bracketed IPv6 literal); `None` when malformed.
+pub fn split_host_port(addr: &str) -> Option<(&str, u16)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    if host.is_empty() || port == 0 {
+        return None;
+    }
+    Some((host, port))
+}
+
+impl NodeConfig {
+    /// Checks every field and the relations between them, then raft's own rules.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.id == 0 {
+            return Err(ConfigError::new("id", "must be a non-zero integer"));
+        }
+        if self.peers.is_empty() {
+            return Err(ConfigError::new(
+                "peers",
+                "is empty; expected ID=HOST:PORT,... including this node",
+            ));
+        }
+        if self.peers.len() > PEERS_MAX {
+            return Err(ConfigError::new(
+                "peers",
+                format!("names {} nodes, the limit is {PEERS_MAX}", self.peers.len()),
+            ));
+        }
+        if !self.peers.contains_key(&self.id) {
+            return Err(ConfigError::new(
+                "peers",
+                format!("does not name this node's id {}", self.id),
+            ));
+        }
+        for (&id, addr) in &self.peers {
+            if id == 0 {
+                return Err(ConfigError::new("peers", "node id 0 is invalid"));
+            }
+            if split_host_port(addr).is_none() {
+                return Err(ConfigError::new(
+                    "peers",
+                    format!("address {addr:?} of node {id} is not HOST:PORT"),
+                ));
+            }
+        }
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::new("data_dir", "is required"));
+        }
+        if !is_valid_scope(&self.scope) {
+            return Err(ConfigError::new(
+                "scope",
+                format!(
+                    "{:?} is not 1-{SCOPE_BYTES_MAX} characters of [A-Za-z0-9._-]",
+                    self.scope
+                ),
+            ));
+        }
+        if self.announce.len() > ANNOUNCE_URLS_MAX {
+            return Err(ConfigError::new(
+                "announce",
+                format!(
+                    "names {} proxies, the limit is {ANNOUNCE_URLS_MAX}",
+                    self.announce.len()
+                ),
+            ));
+        }
+        for url in &self.announce {
+            check_announce_url(url)?;
+        }
+        if !(TICK_MS_MIN..=TICK_MS_MAX).contains(&self.tick_ms) {
+            return Err(ConfigError::new(
+                "tick_ms",
+                format!("{} is outside [{TICK_MS_MIN}, {TICK_MS_MAX}]", self.tick_ms),
+            ));
+        }
+        if self.heartbeat_ticks == 0 {
+            return Err(ConfigError::new("heartbeat_ticks", "must be at least 1"));
+        }
+        if self.election_ticks <= self.heartbeat_ticks {
+            return Err(ConfigError::new(
+                "election_ticks",
+                format!(
+                    "{} must be greater than heartbeat_ticks {}",
+                    self.election_ticks, self.heartbeat_ticks
+                ),
+            ));
+        }
+        if self.election_ticks > ELECTION_TICKS_MAX {
+            return Err(ConfigError::new(
+                "election_ticks",
+                format!(
+                    "{} is over the limit of {ELECTION_TICKS_MAX}",
+                    self.election_ticks
+                ),
+            ));
+        }
+        self.raft_config()
+            .validate()
+            .map_err(|e| ConfigError::new(raft_error_field(&e), e.to_string()))
+    }
+
+    /// The raft configuration this node runs with.
+    pub fn raft_config(&self) -> raft::Config {
+        raft::Config {
+            id: self.id,
+            election_tick: usize::try_from(self.election_ticks).unwrap_or(usize::MAX),
+            heartbeat_tick: usize::try_from(self.heartbeat_ticks).unwrap_or(usize::MAX),
+            check_quorum: self.check_quorum,
+            pre_vote: self.pre_vote,
+            priority: self.priority,
+            max_size_per_msg: crate::transport::RAFT_MSG_BYTES_MAX,
+            max_inflight_msgs: crate::transport::RAFT_INFLIGHT_MSGS_MAX,
+            read_only_option: raft::ReadOnlyOption::Safe,
+            skip_bcast_commit: false,
+            ..raft::Config::default()
+        }
+    }
+
+    /// The path of the node's redb file.
+    pub fn database_path(&self) -> PathBuf {
+        self.data_dir.join("raft.redb")
+    }
+
+    /// The tick period.
+    pub fn tick(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.tick_ms)
+    }
+}
+
+/// Names the field a raft `Config::validate` error is about.
+fn raft_error_field(err: &raft::Error) -> &'static str {
+    let text = err.to_string();
+    if text.contains("heartbeat") {
+        "heartbeat_ticks"
+    } else if text.contains("election") {
+        "election_ticks"
+    } else if text.contains("node id") {
+        "id"
+    } else {
+        "raft"
+    }
+}
+
+fn check_announce_url(url: &str) -> Result<(), ConfigError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| ConfigError::new("announce", format!("{url:?} is not a URL: {e}")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(ConfigError::new(
+            "announce",
+            format!("{url:?} must be an http:// URL (https is not supported for announcements)"),
+        ));
+    }
+    if uri.authority().is_none() {
+        return Err(ConfigError::new("announce", format!("{url:?} has no host")));
+    }
+    if uri.query().is_some() {
+        return Err(ConfigError::new(
+            "announce",
+            format!("{url:?} must be a base URL without a query"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> NodeConfig {
+        NodeConfig {
+            id: 1,
+            peers: [
+                (1, "127.0.0.1:7001".to_owned()),
+                (2, "127.0.0.1:7002".to_owned()),
+            ]
+            .into_iter()
+            .collect(),
+            data_dir: "/tmp/x".into(),
+            ..NodeConfig::default()
+        }
+    }
+
+    /// Goal: defaults follow the notes: `check_quorum` and `pre_vote` on, 100 ms ticks, election
+    /// 10 ticks, heartbeat 1 tick. Method: validate the default with the required fields set.
+    #[test]
+    fn defaults_are_valid_and_safe() {
+        let cfg = valid();
+        cfg.validate().unwrap();
+        let raft = cfg.raft_config();
+        assert!(raft.check_quorum && raft.pre_vote);
+        assert_eq!(
+            (cfg.tick_ms, raft.election_tick, raft.heartbeat_tick),
+            (100, 10, 1)
+        );
+    }
+
+    /// Goal: each broken field is named in the error. Method: break one field at a time.
+    #[test]
+    fn errors_name_the_field() {
+        type Breaker = Box<dyn Fn(&mut NodeConfig)>;
+        let cases: Vec<(&str, Breaker)> = vec![
+            ("id", Box::new(|c| c.id = 0)),
+            ("peers", Box::new(|c| c.id = 3)),
+            (
+                "peers",
+                Box::new(|c| {
+                    c.peers.insert(2, "nohostport".into());
+                }),
+            ),
+            ("data_dir", Box::new(|c| c.data_dir = PathBuf::new())),
+            ("scope", Box::new(|c| c.scope = "a b".into())),
+            (
+                "announce",
+                Box::new(|c| c.announce = vec!["ftp://x".into()]),
+            ),
+            ("tick_ms", Box::new(|c| c.tick_ms = 0)),
+            ("heartbeat_ticks", Box::new(|c| c.heartbeat_ticks = 0)),
+            ("election_ticks", Box::new(|c| c.election_ticks = 1)),
+        ];
+        for (field, breaker) in cases {
+            let mut cfg = valid();
+            breaker(&mut cfg);
+            let err = cfg.validate().unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+}

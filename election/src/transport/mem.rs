@@ -1,0 +1,147 @@
+//! An in-process network for deterministic tests: nodes started with
+//! [`Node::start_in_memory`](crate::Node::start_in_memory) exchange raft messages through a
+//! shared [`MemNetwork`], where any directed link can be cut and healed.
+//!
+//! Messages are delivered synchronously into the receiver's inbox (dropped when it is full
+//! or the receiver is not attached), so with tokio's paused clock a whole cluster runs on
+//! one thread without real time passing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use raft::eraftpb::Message;
+
+use super::{Delivery, PeerInbox, Transport};
+
+#[derive(Default)]
+struct Net {
+    /// Attached nodes by id.
+    inboxes: BTreeMap<u64, PeerInbox>,
+    /// Directed links `(from, to)` that drop everything.
+    cut: BTreeSet<(u64, u64)>,
+    /// Messages delivered, by directed link; lets tests show traffic did (not) flow.
+    delivered: BTreeMap<(u64, u64), u64>,
+}
+
+/// A shared in-memory network. Cheap to clone; clones are the same network.
+#[derive(Clone, Default)]
+pub struct MemNetwork {
+    net: Arc<Mutex<Net>>,
+}
+
+impl std::fmt::Debug for MemNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let net = self.lock();
+        f.debug_struct("MemNetwork")
+            .field("nodes", &net.inboxes.keys().collect::<Vec<_>>())
+            .field("cut", &net.cut)
+            .finish()
+    }
+}
+
+impl MemNetwork {
+    /// An empty network with every link up.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Net> {
+        // The critical sections do not panic; a poisoned lock still guards consistent data.
+        self.net.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn attach(&self, id: u64, inbox: PeerInbox) -> MemTransport {
+        self.lock().inboxes.insert(id, inbox.clone());
+        MemTransport {
+            id,
+            net: self.clone(),
+            inbox,
+        }
+    }
+
+    /// Detaches node `id`: messages to it are dropped until a node with that id starts again.
+    pub fn detach(&self, id: u64) {
+        self.lock().inboxes.remove(&id);
+    }
+
+    /// Cuts (`up = false`) or restores the directed link `from -> to`.
+    pub fn set_link(&self, from: u64, to: u64, up: bool) {
+        let mut net = self.lock();
+        if up {
+            net.cut.remove(&(from, to));
+        } else {
+            net.cut.insert((from, to));
+        }
+    }
+
+    /// Cuts every link, both ways, between `group` and the other nodes in `all`.
+    pub fn partition(&self, group: &[u64], all: &[u64]) {
+        for &a in group {
+            for &b in all.iter().filter(|b| !group.contains(b)) {
+                self.set_link(a, b, false);
+                self.set_link(b, a, false);
+            }
+        }
+    }
+
+    /// Restores every link.
+    pub fn heal(&self) {
+        self.lock().cut.clear();
+    }
+
+    /// How many messages went over the directed link `from -> to` so far.
+    pub fn delivered(&self, from: u64, to: u64) -> u64 {
+        self.lock().delivered.get(&(from, to)).copied().unwrap_or(0)
+    }
+}
+
+/// One node's end of a [`MemNetwork`].
+pub(crate) struct MemTransport {
+    id: u64,
+    net: MemNetwork,
+    /// This node's own inbox, to detach only itself on drop (a restarted node with the same
+    /// id may already be attached).
+    inbox: PeerInbox,
+}
+
+impl Transport for MemTransport {
+    fn send(&mut self, msg: Message) -> Delivery {
+        let to = msg.to;
+        let inbox = {
+            let net = self.net.lock();
+            if net.cut.contains(&(self.id, to)) {
+                return Delivery::Unreachable;
+            }
+            match net.inboxes.get(&to) {
+                Some(inbox) => inbox.clone(),
+                None => return Delivery::Unreachable,
+            }
+        };
+        // Go through the wire encoding and the same checks as the TCP transport.
+        let checked = super::encode_raft(&msg)
+            .ok()
+            .and_then(|bytes| super::check_inbound(&bytes, self.id, to).ok());
+        let Some(msg) = checked else {
+            return Delivery::Unreachable;
+        };
+        if inbox.try_deliver(msg) {
+            *self.net.lock().delivered.entry((self.id, to)).or_default() += 1;
+            Delivery::Queued
+        } else {
+            Delivery::Unreachable
+        }
+    }
+}
+
+impl Drop for MemTransport {
+    fn drop(&mut self) {
+        let mut net = self.net.lock();
+        if net
+            .inboxes
+            .get(&self.id)
+            .is_some_and(|attached| attached.same_inbox(&self.inbox))
+        {
+            net.inboxes.remove(&self.id);
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! Fencing on election against fake proxies (plain sockets answering fixed statuses), on
+//! a one-node cluster over the in-memory network. Real time: the announcer does real HTTP.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use palisade_election::{Leadership, MemNetwork, Node, NodeConfig};
+use redb::backends::InMemoryBackend;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+
+/// A fake proxy admin API that answers every request with `status` and records the
+/// request line and body.
+async fn fake_proxy(status: u16) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = 0;
+                // Read until the JSON body's closing brace; requests here are tiny.
+                while !buf[..got].contains(&b'}') {
+                    match s.read(&mut buf[got..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got += n,
+                    }
+                }
+                let text = String::from_utf8_lossy(&buf[..got]).into_owned();
+                let line = text.lines().next().unwrap_or_default().to_owned();
+                let body = text
+                    .rsplit("\r\n\r\n")
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                record.lock().unwrap().push(format!("{line} {body}"));
+                let answer = if status == 200 {
+                    "{\"advanced\":true}"
+                } else {
+                    "{}"
+                };
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+                let _ = s.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+async fn one_node(announce: Vec<String>) -> palisade_election::NodeHandle {
+    let db = Arc::new(
+        redb::Database::builder()
+            .create_with_backend(InMemoryBackend::new())
+            .unwrap(),
+    );
+    let config = NodeConfig {
+        id: 1,
+        peers: [(1, "127.0.0.1:7001".to_owned())].into_iter().collect(),
+        scope: "orders".into(),
+        announce,
+        tick_ms: 10,
+        ..NodeConfig::default()
+    };
+    Node::start_in_memory(config, db, &MemNetwork::new())
+        .await
+        .unwrap()
+}
+
+async fn wait_for(
+    node: &palisade_election::NodeHandle,
+    what: &str,
+    cond: impl FnMut(&Leadership) -> bool,
+) -> Leadership {
+    let mut rx = node.leadership();
+    let l = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(cond))
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+        .unwrap();
+    *l
+}
+
+/// Goal: the established leader posts its token to every proxy's fence of its scope and
+/// reports `announced` once all accepted. Method: two fake proxies answering 200.
+#[tokio::test]
+async fn token_is_announced_to_every_proxy() {
+    let (a, seen_a) = fake_proxy(200).await;
+    let (b, seen_b) = fake_proxy(200).await;
+    let node = one_node(vec![a, format!("{b}/")]).await;
+    let l = wait_for(&node, "announced", |l| l.announced).await;
+    let token = l.token.expect("announced implies a token");
+    for seen in [seen_a, seen_b] {
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            seen.iter()
+                .any(|r| r == &format!("POST /v1/fences/orders HTTP/1.1 {{\"token\":{token}}}")),
+            "{seen:?}"
+        );
+    }
+    node.stop().await.unwrap();
+}
+
+/// Goal: a proxy holding a higher fence (409) leaves the token not announced, while the
+/// token itself stays usable by the application's choice. Method: one proxy answers 200,
+/// the other 409; wait for both to be asked, then check `announced` stays false.
+#[tokio::test]
+async fn conflict_at_one_proxy_leaves_token_not_announced() {
+    let (ok, _) = fake_proxy(200).await;
+    let (conflict, seen) = fake_proxy(409).await;
+    let node = one_node(vec![ok, conflict]).await;
+    let l = wait_for(&node, "a token", |l| l.token.is_some()).await;
+    assert!(!l.announced);
+    for _ in 0..200 {
+        if !seen.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(seen.lock().unwrap().len(), 1, "409 must not be retried");
+    // Nothing will change: sleeping here shows that it does not.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!node.leadership().borrow().announced);
+    assert_eq!(seen.lock().unwrap().len(), 1, "409 must not be retried");
+    node.stop().await.unwrap();
+}
+
+/// Goal: an unreachable proxy is retried until it comes up. Method: announce to a port
+/// with nothing listening, then start a fake proxy on it.
+#[tokio::test]
+async fn unreachable_proxy_is_retried_until_it_accepts() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let node = one_node(vec![format!("http://127.0.0.1:{port}")]).await;
+    let l = wait_for(&node, "a token", |l| l.token.is_some()).await;
+    assert!(!l.announced);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!node.leadership().borrow().announced);
+    let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+                .await;
+        }
+    });
+    wait_for(&node, "announced after the proxy came up", |l| l.announced).await;
+    node.stop().await.unwrap();
+}
