@@ -1,0 +1,93 @@
+//! Fence on election, end to end: real `palisade node` processes announce their token to
+//! a real `palisade proxy`, so a new leader fences out its predecessor without writing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use palisade_cluster::client::{put, send};
+use palisade_cluster::{Cluster, ClusterSpec};
+
+/// Generous bound for an election at 20 ms ticks on a loaded 2-core machine.
+const ELECTION_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn spec() -> ClusterSpec {
+    ClusterSpec {
+        nodes: 3,
+        node_flags: vec!["--tick-ms".into(), "20".into()],
+        proxy_flags: Vec::new(),
+    }
+}
+
+/// Goal: after a leader change the proxy's fence equals the new term with no data write,
+/// so the paused leader's next write is rejected. Method: elect, write once, SIGSTOP the
+/// leader, wait for the successor's announced token at the proxy, check that the store
+/// holds only the first write, resume the old leader and write with its token.
+#[tokio::test]
+async fn new_leader_fences_the_proxy_without_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &spec()).unwrap();
+
+    let first = cluster
+        .wait_for_leader(0, None, ELECTION_TIMEOUT)
+        .await
+        .expect("a first leader");
+    let old = first.token.unwrap();
+    let fence =
+        palisade_cluster::wait::until("the first token at the proxy", ELECTION_TIMEOUT, || async {
+            cluster.proxy_fence("default").await.filter(|&f| f == old)
+        })
+        .await;
+    assert_eq!(fence, old);
+    assert_eq!(
+        put(&cluster.proxy.url("/ledger/1"), old, "first")
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    let paused = cluster.node(first.node_id).unwrap();
+    paused.guard.pause().unwrap();
+    let next = cluster
+        .wait_for_leader(old, Some(first.node_id), ELECTION_TIMEOUT)
+        .await
+        .expect("a new leader while the old one is paused");
+    let new = next.token.unwrap();
+    assert!(new > old, "terms only grow: {new} > {old}");
+    palisade_cluster::wait::until("the new token at the proxy", ELECTION_TIMEOUT, || async {
+        cluster.proxy_fence("default").await.filter(|&f| f == new)
+    })
+    .await;
+    let listing = send(Method::GET, &cluster.proxy.url("/ledger/?list"), &[], "")
+        .await
+        .json();
+    assert_eq!(
+        listing["keys"].as_array().unwrap().len(),
+        1,
+        "the fence moved without any data write"
+    );
+
+    paused.guard.resume().unwrap();
+    let stale = put(
+        &cluster.proxy.url("/ledger/2"),
+        old,
+        "from the paused leader",
+    )
+    .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT);
+    assert_eq!(stale.header("fencing-token-current"), Some(new.to_string()));
+
+    // The resumed node learns the new term and reports no token.
+    palisade_cluster::wait::until(
+        "the old leader to follow the new term",
+        ELECTION_TIMEOUT,
+        || async {
+            paused
+                .leadership()
+                .await
+                .filter(|l| l.term >= new && l.token.is_none())
+        },
+    )
+    .await;
+}
