@@ -1,6 +1,10 @@
 //! `palisade`: one binary for the proxy, the election node, the demo and the clients.
 //! Each subcommand parses its flags and calls into a library; nothing else lives here.
 
+mod bench;
+mod client_cmds;
+mod demo;
+mod node;
 mod proxy;
 
 use std::process::ExitCode;
@@ -15,9 +19,18 @@ struct Cli {
     /// Log format on stderr. Filter with `RUST_LOG` (default: info).
     #[arg(long, global = true, env = "PALISADE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Threads of the async runtime [default: one per CPU]. Benchmarks pin this to
+    /// compare with servers configured to an equal worker count.
+    #[arg(long, global = true, env = "PALISADE_WORKER_THREADS",
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(WORKER_THREADS_MAX)))]
+    worker_threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
 }
+
+/// Most runtime threads `--worker-threads` accepts: far above any core count this runs
+/// on, low enough that a typo cannot exhaust the process's threads.
+const WORKER_THREADS_MAX: u16 = 1024;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -29,6 +42,25 @@ enum LogFormat {
 enum Command {
     /// Run the fencing reverse proxy.
     Proxy(proxy::ProxyArgs),
+    /// Run one election node (a raft member) with its HTTP API.
+    Node(node::NodeArgs),
+    /// Run the demonstration: a local cluster, a proxy, workers, a GC-paused leader, a verdict.
+    Demo(demo::DemoArgs),
+    /// One worker of the demo (started by `palisade demo`).
+    #[command(hide = true)]
+    DemoWorker(demo::worker::WorkerArgs),
+    /// Load generator for the proxy (throughput, latency percentiles), and failover timing.
+    Bench(bench::BenchArgs),
+    /// Store an object through the proxy with a fencing token.
+    Put(client_cmds::PutArgs),
+    /// Read an object through the proxy; prints its body.
+    Get(client_cmds::GetArgs),
+    /// Delete an object through the proxy with a fencing token.
+    Delete(client_cmds::DeleteArgs),
+    /// Read a proxy's fences, or advance one without a write (admin API).
+    Fence(client_cmds::FenceArgs),
+    /// Read or watch a node's leadership.
+    Leader(client_cmds::LeaderArgs),
 }
 
 /// How a subcommand failed; decides the exit code.
@@ -45,7 +77,12 @@ pub(crate) enum Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
+    let worker_threads = cli.worker_threads.map_or_else(
+        || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        usize::from,
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads)
         .enable_all()
         .build()
     {
@@ -58,6 +95,21 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Proxy(args) => proxy::run(args).await,
+            Command::Node(args) => node::run(args).await.map_err(|e| {
+                if e.exit_code() == 2 {
+                    Failure::Usage(e.to_string())
+                } else {
+                    Failure::Runtime(e.to_string())
+                }
+            }),
+            Command::Demo(args) => demo::run(args).await,
+            Command::DemoWorker(args) => demo::worker::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::Put(args) => client_cmds::put(args).await,
+            Command::Get(args) => client_cmds::get(args).await,
+            Command::Delete(args) => client_cmds::delete(args).await,
+            Command::Fence(args) => client_cmds::fence(args).await,
+            Command::Leader(args) => client_cmds::leader(args).await,
         }
     });
     match result {

@@ -1,1 +1,133 @@
-//! placeholder
+//! The Rust client of Palisade: writes through a fencing proxy that carry the writer's
+//! fencing token, and stop as soon as someone else leads.
+//!
+//! A worker asks a [`TokenSource`] whether it is the established leader and with which
+//! token; a [`FencedClient`] attaches that token to every write, refuses to send a write
+//! while the source says "not leader" ([`ClientError::NotLeader`]), and turns the proxy's
+//! 409 into [`ClientError::Fenced`], marking the source "not leader" so that the worker
+//! stops. A request that timed out is [`ClientError::Indeterminate`]: it may have been
+//! applied.
+//!
+//! ```text
+//! worker ──> FencedClient ──(Fencing-Token, Fencing-Scope)──> palisade proxy ──> storage
+//!               │   ▲                                             │
+//!               │   └── 409 Fenced{current} ──> mark "not leader" ┘
+//!               └── TokenSource: StaticToken | NodeApiSource ──(long poll)──> palisade node
+//! ```
+//!
+//! # Example: charge each expiring subscription exactly once
+//!
+//! A billing worker runs beside each election node; only the leader's worker charges.
+//! Charging a subscription is writing `charges/<subscription-id>` through the proxy with
+//! the leader's token. Before reading anything the worker claims the scope with a write of
+//! its own: the proxy lets that write through only once every write of an older leader
+//! still in flight has landed, and raises the fence so none can land later. So what the
+//! worker reads afterwards is final, and "not there yet" means "not charged".
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use palisade_client::{ClientError, FencedClient, NodeApiSource, StatusCode, TokenSource};
+//!
+//! /// A subscription whose billing period ends today, from the application's database.
+//! struct Subscription {
+//!     id: String,
+//!     amount_cents: u64,
+//! }
+//!
+//! async fn expiring_subscriptions() -> Vec<Subscription> {
+//!     Vec::new() // The application's own query.
+//! }
+//!
+//! /// Charges every expiring subscription that has no charge yet. Returns at the first
+//! /// error: `Fenced` or `NotLeader` mean that another worker leads now.
+//! async fn billing_run(client: &FencedClient) -> Result<u32, ClientError> {
+//!     client.put("billing/claim", "claimed").await?;
+//!     let mut charged = 0;
+//!     for subscription in expiring_subscriptions().await {
+//!         let key = format!("charges/{}", subscription.id);
+//!         match client.get(&key).await {
+//!             Ok(_) => continue, // Charged already, by this worker or a predecessor.
+//!             Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {}
+//!             Err(e) => return Err(e),
+//!         }
+//!         let charge = format!(
+//!             r#"{{"subscription":"{}","amount_cents":{}}}"#,
+//!             subscription.id, subscription.amount_cents
+//!         );
+//!         client.put(&key, charge).await?;
+//!         charged += 1;
+//!     }
+//!     Ok(charged)
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // The election node this worker runs beside, and the proxy in front of storage.
+//!     let source = Arc::new(NodeApiSource::start("http://127.0.0.1:7001")?);
+//!     let client = FencedClient::builder("http://127.0.0.1:8080", source.clone())
+//!         .scope("billing")
+//!         .build()?;
+//!     loop {
+//!         let leadership = source.wait_for_leader().await;
+//!         eprintln!("leading with token {:?}: billing run", leadership.token);
+//!         match billing_run(&client).await {
+//!             Ok(charged) => {
+//!                 eprintln!("charged {charged} subscriptions");
+//!                 tokio::time::sleep(Duration::from_secs(60)).await;
+//!             }
+//!             // Another worker leads: stop at once and wait to lead again.
+//!             Err(e) if e.is_leadership_lost() => eprintln!("stopped: {e}"),
+//!             // The charge may or may not have landed; the next run's read tells.
+//!             Err(e) if e.is_indeterminate() => eprintln!("will check again: {e}"),
+//!             Err(e) => return Err(e.into()),
+//!         }
+//!     }
+//! }
+//! ```
+//!
+//! # Layout
+//! - `source`: the [`TokenSource`] trait, the [`Leadership`] it reports, and
+//!   [`StaticToken`].
+//! - `node_source`: [`NodeApiSource`], a token source that long-polls a node's HTTP API in
+//!   a background task.
+//! - `node`: [`NodeApi`], a client of a node's `GET /v1/leader`, and its answer
+//!   [`NodeLeader`].
+//! - `client`: [`FencedClient`], the fenced HTTP client, its builder and request type.
+//! - `admin`: [`ProxyAdmin`], a client of the proxy's admin API (read or advance fences).
+//! - `error`: [`ClientError`].
+//! - `http`: the shared transport: base URLs, one exchange with a deadline and a body
+//!   limit.
+//! - `retry`: backoff with jitter and `Retry-After`.
+//!
+//! A token source backed by an in-process election node (`palisade-election`) will sit
+//! beside [`NodeApiSource`] behind the `election` feature once that crate's API settles.
+#![deny(missing_docs)]
+
+mod admin;
+mod client;
+mod error;
+mod http;
+mod node;
+mod node_source;
+mod retry;
+mod source;
+
+pub use ::http::{Method, StatusCode};
+pub use admin::{ADMIN_TIMEOUT_MS, Advanced, Fence, ProxyAdmin};
+pub use client::{
+    BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_CURRENT,
+    FencedClient, FencedClientBuilder, FencedRequest, FencedResponse, IDEMPOTENCY_KEY,
+    REQUEST_TIMEOUT_MS, RETRIES_MAX, RETRY_AFTER_MAX_MS, SCOPE_BYTES_MAX, is_write, validate_scope,
+};
+pub use error::ClientError;
+pub use http::{CONNECT_TIMEOUT_MS, RESPONSE_BYTES_MAX};
+pub use node::{
+    LONG_POLL_SLACK_MS, LONG_POLL_WAIT_MS_MAX, NODE_REQUEST_TIMEOUT_MS, NodeApi, NodeLeader, Role,
+};
+pub use node_source::{
+    ESTABLISH_POLL_MS, FIRST_ANSWER_TIMEOUT_MS, LONG_POLL_WAIT_MS, NodeApiSource, PLAIN_POLL_MS,
+    RECONNECT_BACKOFF_MAX_MS,
+};
+pub use source::{BoxFuture, LEADER_POLL_MS, Leadership, StaticToken, TokenSource};

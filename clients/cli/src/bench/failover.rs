@@ -1,0 +1,360 @@
+//! `palisade bench failover`: start a local cluster (nodes announcing to one proxy),
+//! then, trial after trial, pause the leader with `SIGSTOP` and time three moments,
+//! each from the signal:
+//!
+//! - `elected`: another node reports itself leader of a higher term;
+//! - `established`: that leader has applied an entry of its term, so it has a token;
+//! - `announced`: the proxy's fence for the scope has risen (`GET /v1/fences/{scope}`):
+//!   from here on the paused leader's writes are refused.
+//!
+//! Then `SIGCONT`, wait until every node agrees on one leader whose token the proxy
+//! holds, wait `--settle-ms`, and start the next trial. The processes come from
+//! `palisade-cluster`, which kills them all when the run ends or is interrupted.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use palisade_cluster::{Cluster, ClusterSpec, Leadership};
+use serde::Serialize;
+
+use crate::Failure;
+
+/// Most trials of one run.
+const TRIALS_MAX: u32 = 1000;
+/// Fewest nodes: a quorum must survive the pause of one.
+const NODES_MIN: usize = 3;
+/// Most nodes started on one machine.
+const NODES_MAX: usize = 7;
+/// Longest wait for one failover, or for the cluster to settle after a resume; a trial
+/// that takes longer is counted as failed.
+const TRIAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Fastest polling allowed, in milliseconds: below it the polls themselves load the
+/// machine that is being measured.
+const POLL_MS_MIN: u64 = 1;
+/// Timeout of one poll of a node: a node that is not paused answers in well under a
+/// millisecond on loopback, so a slow answer only means a busy machine.
+const QUERY_TIMEOUT: Duration = Duration::from_millis(500);
+/// Longest total run allowed by `--budget-s`.
+const BUDGET_S_MAX: u64 = 24 * 3600;
+
+/// Time failovers of a local cluster.
+#[derive(Args)]
+pub(crate) struct FailoverArgs {
+    /// Number of trials (1 to 1000).
+    #[arg(long, env = "PALISADE_BENCH_TRIALS", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(TRIALS_MAX)))]
+    trials: u32,
+    /// Number of election nodes (3 to 7).
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// raft tick of the nodes, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    tick_ms: u64,
+    /// Ticks between leader heartbeats.
+    #[arg(long, default_value_t = 1)]
+    heartbeat_ticks: u64,
+    /// Ticks without a leader before a follower campaigns (randomized up to twice this).
+    #[arg(long, default_value_t = 10)]
+    election_ticks: u64,
+    /// How often the nodes and the proxy are polled during a failover, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    poll_ms: u64,
+    /// Quiet time after the cluster has settled, before the next pause, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    settle_ms: u64,
+    /// Stop starting new trials after this many seconds in total.
+    #[arg(long, env = "PALISADE_BENCH_BUDGET_S", default_value_t = 240)]
+    budget_s: u64,
+    /// Print the report as one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Keep the temporary directory (data and logs).
+    #[arg(long)]
+    keep: bool,
+}
+
+/// One trial's times from the `SIGSTOP`, in milliseconds (`None`: not seen in time).
+#[derive(Debug, Default, Clone, Serialize)]
+struct Trial {
+    paused_node: u64,
+    old_term: u64,
+    new_term: Option<u64>,
+    elected_ms: Option<f64>,
+    established_ms: Option<f64>,
+    announced_ms: Option<f64>,
+}
+
+/// Median, min and max of one moment over the successful trials.
+#[derive(Serialize)]
+struct Summary {
+    count: usize,
+    median_ms: Option<f64>,
+    min_ms: Option<f64>,
+    max_ms: Option<f64>,
+}
+
+impl Summary {
+    fn of(values: impl Iterator<Item = Option<f64>>) -> Self {
+        let v: Vec<f64> = values.flatten().collect();
+        Self {
+            count: v.len(),
+            median_ms: super::median(&v),
+            min_ms: v.iter().copied().reduce(f64::min),
+            max_ms: v.iter().copied().reduce(f64::max),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Report {
+    nodes: usize,
+    tick_ms: u64,
+    heartbeat_ticks: u64,
+    election_ticks: u64,
+    poll_ms: u64,
+    trials_requested: u32,
+    trials: Vec<Trial>,
+    elected: Summary,
+    established: Summary,
+    announced: Summary,
+}
+
+pub(crate) async fn run(args: FailoverArgs) -> Result<(), Failure> {
+    if !(NODES_MIN..=NODES_MAX).contains(&args.nodes) {
+        return Err(Failure::Usage(format!(
+            "--nodes {} is out of range: {NODES_MIN} to {NODES_MAX}",
+            args.nodes
+        )));
+    }
+    if args.poll_ms < POLL_MS_MIN || args.tick_ms == 0 || args.election_ticks == 0 {
+        return Err(Failure::Usage(format!(
+            "--poll-ms (at least {POLL_MS_MIN}), --tick-ms and --election-ticks must be positive"
+        )));
+    }
+    if args.budget_s == 0 || args.budget_s > BUDGET_S_MAX {
+        return Err(Failure::Usage(format!(
+            "--budget-s {} must be 1 to {BUDGET_S_MAX}",
+            args.budget_s
+        )));
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("palisade-bench-failover-")
+        .tempdir()
+        .map_err(|e| Failure::Runtime(format!("cannot create a temporary directory: {e}")))?;
+    let path = dir.path().to_owned();
+    let outcome = tokio::select! {
+        outcome = trials(&args, &path) => outcome,
+        () = crate::shutdown_signal() => Err(Failure::Runtime("interrupted; every process was stopped".to_owned())),
+    };
+    // The cluster was dropped above, which resumed and killed every child.
+    if args.keep {
+        let kept = dir.keep();
+        eprintln!("data and logs kept in {}", kept.display());
+    }
+    let report = outcome?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| Failure::Runtime(e.to_string()))?
+        );
+    } else {
+        print_text(&report);
+    }
+    if report.announced.count == 0 {
+        return Err(Failure::Runtime(
+            "no trial saw a new token at the proxy".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+async fn trials(args: &FailoverArgs, dir: &std::path::Path) -> Result<Report, Failure> {
+    let runtime = |e: palisade_cluster::ClusterError| Failure::Runtime(e.to_string());
+    let started = Instant::now();
+    let budget = Duration::from_secs(args.budget_s);
+    let spec = ClusterSpec {
+        nodes: args.nodes,
+        node_flags: [
+            "--tick-ms",
+            &args.tick_ms.to_string(),
+            "--heartbeat-ticks",
+            &args.heartbeat_ticks.to_string(),
+            "--election-ticks",
+            &args.election_ticks.to_string(),
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect(),
+        proxy_flags: Vec::new(),
+    };
+    // Starting waits for ready lines on blocking channels.
+    let cluster = tokio::task::block_in_place(|| Cluster::start(dir, &spec)).map_err(runtime)?;
+    let poll = Duration::from_millis(args.poll_ms);
+    let settle = Duration::from_millis(args.settle_ms);
+    let mut done = Vec::new();
+    for n in 1..=args.trials {
+        if started.elapsed() >= budget {
+            eprintln!(
+                "palisade bench failover: time budget of {} s spent after {} trials",
+                args.budget_s,
+                n - 1
+            );
+            break;
+        }
+        let leader = settled_leader(&cluster).await.ok_or_else(|| {
+            Failure::Runtime(format!(
+                "trial {n}: the cluster did not settle on an announced leader within {} s",
+                TRIAL_TIMEOUT.as_secs()
+            ))
+        })?;
+        tokio::time::sleep(settle).await;
+        let trial = one_trial(&cluster, &leader, poll).await.map_err(runtime)?;
+        if !args.json {
+            eprintln!(
+                "trial {n:>3}: paused node {} (term {}): elected {} ms, established {} ms, announced {} ms",
+                trial.paused_node,
+                trial.old_term,
+                fmt_ms(trial.elected_ms),
+                fmt_ms(trial.established_ms),
+                fmt_ms(trial.announced_ms),
+            );
+        }
+        done.push(trial);
+    }
+    Ok(Report {
+        nodes: args.nodes,
+        tick_ms: args.tick_ms,
+        heartbeat_ticks: args.heartbeat_ticks,
+        election_ticks: args.election_ticks,
+        poll_ms: args.poll_ms,
+        trials_requested: args.trials,
+        elected: Summary::of(done.iter().map(|t| t.elected_ms)),
+        established: Summary::of(done.iter().map(|t| t.established_ms)),
+        announced: Summary::of(done.iter().map(|t| t.announced_ms)),
+        trials: done,
+    })
+}
+
+/// Waits until every node answers and agrees on one established, announced leader whose
+/// token the proxy holds; returns that leader.
+async fn settled_leader(cluster: &Cluster) -> Option<Leadership> {
+    palisade_cluster::wait::poll(TRIAL_TIMEOUT, || async {
+        let all = cluster.leaderships().await;
+        if all.len() != cluster.nodes.len() {
+            return None;
+        }
+        let leader = all.values().find(|l| l.token.is_some() && l.announced)?;
+        let agreed = all
+            .values()
+            .all(|l| l.leader_id == leader.node_id && l.term == leader.term);
+        let fence = cluster.proxy_fence(&leader.scope).await?;
+        (agreed && Some(fence) == leader.token).then(|| leader.clone())
+    })
+    .await
+}
+
+/// Pauses `leader`'s node, times the failover, and resumes it.
+async fn one_trial(
+    cluster: &Cluster,
+    leader: &Leadership,
+    poll: Duration,
+) -> palisade_cluster::Result<Trial> {
+    let old_term = leader.term;
+    let old_fence = leader.token.unwrap_or(old_term);
+    let mut trial = Trial {
+        paused_node: leader.node_id,
+        old_term,
+        ..Trial::default()
+    };
+    let Some(paused) = cluster.node(leader.node_id) else {
+        return Ok(trial);
+    };
+    let others: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.id() != leader.node_id)
+        .map(|n| n.api_url("/v1/leader"))
+        .collect();
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
+
+    let t0 = Instant::now();
+    paused.guard.pause()?;
+    let deadline = t0 + TRIAL_TIMEOUT;
+    while Instant::now() < deadline {
+        // One round: every other node and the proxy, concurrently.
+        let (views, fence) =
+            tokio::join!(leaderships(&others), cluster.proxy_fence(&leader.scope),);
+        let now_ms = ms(t0);
+        for view in views.into_iter().flatten() {
+            if view.term > old_term && view.role == "leader" {
+                trial.elected_ms.get_or_insert(now_ms);
+                trial.new_term.get_or_insert(view.term);
+                if view.token.is_some() {
+                    trial.established_ms.get_or_insert(now_ms);
+                }
+            }
+        }
+        if fence.is_some_and(|f| f > old_fence) {
+            trial.announced_ms = Some(now_ms);
+            // A node that is announced was elected and established before; if a poll
+            // missed those moments, they happened no later than now.
+            trial.elected_ms.get_or_insert(now_ms);
+            trial.established_ms.get_or_insert(now_ms);
+            break;
+        }
+        tokio::time::sleep(poll).await;
+    }
+    paused.guard.resume()?;
+    Ok(trial)
+}
+
+/// Every URL's leadership (`None` for a node that does not answer), queried at once.
+async fn leaderships(urls: &[String]) -> Vec<Option<Leadership>> {
+    let mut set = tokio::task::JoinSet::new();
+    for url in urls {
+        let url = url.clone();
+        set.spawn(async move {
+            let answer = palisade_cluster::client::try_send_within(
+                http::Method::GET,
+                &url,
+                &[],
+                "",
+                QUERY_TIMEOUT,
+            )
+            .await
+            .ok()?;
+            serde_json::from_slice::<Leadership>(&answer.body).ok()
+        });
+    }
+    set.join_all().await
+}
+
+fn fmt_ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.0}"))
+}
+
+fn print_text(r: &Report) {
+    println!(
+        "failover of {} nodes (tick {} ms, heartbeat {} ticks, election {} ticks), {} of {} trials, polled every {} ms",
+        r.nodes,
+        r.tick_ms,
+        r.heartbeat_ticks,
+        r.election_ticks,
+        r.trials.len(),
+        r.trials_requested,
+        r.poll_ms
+    );
+    for (name, s) in [
+        ("elected", &r.elected),
+        ("established", &r.established),
+        ("announced", &r.announced),
+    ] {
+        println!(
+            "  {name:<12} median {} ms   min {} ms   max {} ms   ({} trials)",
+            fmt_ms(s.median_ms),
+            fmt_ms(s.min_ms),
+            fmt_ms(s.max_ms),
+            s.count
+        );
+    }
+}

@@ -1,0 +1,405 @@
+//! `palisade node`: runs one election node (a raft member) with its HTTP API.
+//!
+//! Settings come from flags, then `PALISADE_*` environment variables, then the TOML file
+//! named by `--config`, then defaults. The file uses the flags' names with underscores:
+//!
+//! ```toml
+//! id = 1
+//! peers = "1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003"   # or a table: [peers] 1 = "..."
+//! data_dir = "/var/lib/palisade/node1"
+//! api = "127.0.0.1:8001"
+//! scope = "default"
+//! announce = ["http://127.0.0.1:9001"]
+//! tick_ms = 100
+//! election_ticks = 10
+//! heartbeat_ticks = 1
+//! priority = 0
+//! # File-only knobs (leave them on):
+//! check_quorum = true
+//! pre_vote = true
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use palisade_election::{ConfigError, Node, NodeConfig, NodeError, StartError};
+use serde::Deserialize;
+
+/// Flags of `palisade node`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NodeArgs {
+    /// This node's raft id: a non-zero integer, unique in the cluster, never reused.
+    #[arg(long, env = "PALISADE_ID", value_name = "N")]
+    pub id: Option<u64>,
+    /// Every voter's id and peer address, this node included: `1=HOST:PORT,2=HOST:PORT,...`.
+    #[arg(long, env = "PALISADE_PEERS", value_name = "ID=HOST:PORT,...")]
+    pub peers: Option<String>,
+    /// Directory of the node's raft log (created when missing).
+    #[arg(long, env = "PALISADE_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address of the node's HTTP API, e.g. `127.0.0.1:8001`.
+    #[arg(long, env = "PALISADE_API", value_name = "ADDR")]
+    pub api: Option<String>,
+    /// The fencing scope of this cluster's tokens [default: default].
+    #[arg(long, env = "PALISADE_SCOPE", value_name = "NAME")]
+    pub scope: Option<String>,
+    /// Admin base URL of a proxy to fence on election (repeatable; in the environment,
+    /// comma-separated).
+    #[arg(
+        long,
+        env = "PALISADE_ANNOUNCE",
+        value_name = "URL",
+        value_delimiter = ','
+    )]
+    pub announce: Vec<String>,
+    /// Tick period in milliseconds [default: 100].
+    #[arg(long, env = "PALISADE_TICK_MS", value_name = "MS")]
+    pub tick_ms: Option<u64>,
+    /// Election timeout in ticks (randomized up to twice this) [default: 10].
+    #[arg(long, env = "PALISADE_ELECTION_TICKS", value_name = "N")]
+    pub election_ticks: Option<u64>,
+    /// Heartbeat interval in ticks [default: 1].
+    #[arg(long, env = "PALISADE_HEARTBEAT_TICKS", value_name = "N")]
+    pub heartbeat_ticks: Option<u64>,
+    /// raft election priority: breaks ties in votes and transfers [default: 0].
+    #[arg(
+        long,
+        env = "PALISADE_PRIORITY",
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
+    pub priority: Option<i64>,
+    /// TOML file with any of the settings above; flags and environment override it.
+    #[arg(long, env = "PALISADE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// Why `palisade node` failed. [`NodeCommandError::exit_code`] gives the process exit code.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeCommandError {
+    /// A setting is wrong (exit 2); the message names it as flag and as file key.
+    #[error("invalid --{} ({} in the config file): {}", .0.field.replace('_', "-"), .0.field, .0.message)]
+    Config(#[from] ConfigError),
+    /// The `--config` file cannot be read or parsed (exit 2).
+    #[error("cannot use config file {path}: {message}")]
+    ConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The node could not start (exit 1, or 2 when it is a configuration error).
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The node stopped on a fatal error (exit 1).
+    #[error(transparent)]
+    Node(#[from] NodeError),
+}
+
+impl NodeCommandError {
+    /// 2 for usage and configuration errors, 1 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            NodeCommandError::Config(_) | NodeCommandError::ConfigFile { .. } => 2,
+            NodeCommandError::Start(e) if e.is_config() => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// `peers` in the file: the flag's syntax, or a table of id to address.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum PeersSpec {
+    Flag(String),
+    Table(BTreeMap<String, String>),
+}
+
+/// The `--config` file. Every field is optional; each has the meaning of its flag.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct FileConfig {
+    /// `--id`.
+    id: Option<u64>,
+    /// `--peers`.
+    peers: Option<PeersSpec>,
+    /// `--data-dir`.
+    data_dir: Option<PathBuf>,
+    /// `--api`.
+    api: Option<String>,
+    /// `--scope`.
+    scope: Option<String>,
+    /// `--announce`, as a list.
+    announce: Option<Vec<String>>,
+    /// `--tick-ms`.
+    tick_ms: Option<u64>,
+    /// `--election-ticks`.
+    election_ticks: Option<u64>,
+    /// `--heartbeat-ticks`.
+    heartbeat_ticks: Option<u64>,
+    /// `--priority`.
+    priority: Option<i64>,
+    /// Leader steps down without a quorum (file only; default true).
+    check_quorum: Option<bool>,
+    /// Pre-vote before campaigning (file only; default true).
+    pre_vote: Option<bool>,
+}
+
+/// Parses `1=HOST:PORT,2=HOST:PORT`.
+fn parse_peers(spec: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
+    let mut peers = BTreeMap::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((id, addr)) = item.split_once('=') else {
+            return Err(ConfigError::new(
+                "peers",
+                format!("entry {item:?} is not ID=HOST:PORT"),
+            ));
+        };
+        insert_peer(&mut peers, id, addr)?;
+    }
+    Ok(peers)
+}
+
+fn insert_peer(peers: &mut BTreeMap<u64, String>, id: &str, addr: &str) -> Result<(), ConfigError> {
+    let id: u64 = id.trim().parse().map_err(|_| {
+        ConfigError::new(
+            "peers",
+            format!("node id {id:?} is not a non-negative integer"),
+        )
+    })?;
+    let addr = addr.trim();
+    if peers.insert(id, addr.to_owned()).is_some() {
+        return Err(ConfigError::new(
+            "peers",
+            format!("node id {id} is named twice"),
+        ));
+    }
+    Ok(())
+}
+
+fn read_file(path: &PathBuf) -> Result<FileConfig, NodeCommandError> {
+    let text = std::fs::read_to_string(path).map_err(|e| NodeCommandError::ConfigFile {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    toml::from_str(&text).map_err(|e| NodeCommandError::ConfigFile {
+        path: path.clone(),
+        message: e.to_string(),
+    })
+}
+
+/// Builds and validates the node configuration: flags and environment over the file over
+/// the defaults.
+pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
+    let file = match &args.config {
+        Some(path) => read_file(path)?,
+        None => FileConfig::default(),
+    };
+    let defaults = NodeConfig::default();
+    let id = args
+        .id
+        .or(file.id)
+        .ok_or_else(|| ConfigError::new("id", "is required (--id N)"))?;
+    let peers = match (args.peers, file.peers) {
+        (Some(flag), _) | (None, Some(PeersSpec::Flag(flag))) => parse_peers(&flag)?,
+        (None, Some(PeersSpec::Table(table))) => {
+            let mut peers = BTreeMap::new();
+            for (id, addr) in &table {
+                insert_peer(&mut peers, id, addr)?;
+            }
+            peers
+        }
+        (None, None) => {
+            return Err(ConfigError::new("peers", "is required (--peers 1=HOST:PORT,...)").into());
+        }
+    };
+    let data_dir = args
+        .data_dir
+        .or(file.data_dir)
+        .ok_or_else(|| ConfigError::new("data_dir", "is required (--data-dir DIR)"))?;
+    let api = args
+        .api
+        .or(file.api)
+        .ok_or_else(|| ConfigError::new("api", "is required (--api HOST:PORT)"))?;
+    let api: SocketAddr = api.parse().map_err(|e| {
+        ConfigError::new(
+            "api",
+            format!("{api:?} is not an IP:PORT socket address: {e}"),
+        )
+    })?;
+    let config = NodeConfig {
+        id,
+        peers,
+        data_dir,
+        api: Some(api),
+        scope: args.scope.or(file.scope).unwrap_or(defaults.scope),
+        announce: if args.announce.is_empty() {
+            file.announce.unwrap_or_default()
+        } else {
+            args.announce
+        },
+        tick_ms: args.tick_ms.or(file.tick_ms).unwrap_or(defaults.tick_ms),
+        election_ticks: args
+            .election_ticks
+            .or(file.election_ticks)
+            .unwrap_or(defaults.election_ticks),
+        heartbeat_ticks: args
+            .heartbeat_ticks
+            .or(file.heartbeat_ticks)
+            .unwrap_or(defaults.heartbeat_ticks),
+        priority: args.priority.or(file.priority).unwrap_or(defaults.priority),
+        check_quorum: file.check_quorum.unwrap_or(defaults.check_quorum),
+        pre_vote: file.pre_vote.unwrap_or(defaults.pre_vote),
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        },
+        Err(err) => {
+            tracing::warn!(cause = %err, "cannot watch SIGTERM; only SIGINT stops this node");
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
+}
+
+/// Runs `palisade node` until SIGTERM/SIGINT (then hands leadership over and stops) or a
+/// fatal error.
+pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
+    let config = build_config(args)?;
+    let mut node = Node::start(config).await.map_err(|e| match e {
+        StartError::Config(c) => NodeCommandError::Config(c),
+        other => NodeCommandError::Start(other),
+    })?;
+    // A line on stdout that scripts and tests can wait for.
+    println!(
+        "palisade node {} listening on {} (raft {})",
+        node.id(),
+        node.api_addr()
+            .map_or_else(|| "-".to_owned(), |a| a.to_string()),
+        node.peer_addr()
+            .map_or_else(|| "-".to_owned(), |a| a.to_string()),
+    );
+    let stopped = tokio::select! {
+        signal = stop_signal() => {
+            tracing::info!(node_id = node.id(), signal, "stopping");
+            None
+        }
+        outcome = node.wait() => Some(outcome),
+    };
+    match stopped {
+        None => Ok(node.shutdown().await?),
+        Some(outcome) => Ok(outcome?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> NodeArgs {
+        NodeArgs {
+            id: Some(1),
+            peers: Some("1=127.0.0.1:7001, 2=127.0.0.1:7002".into()),
+            data_dir: Some("/tmp/n1".into()),
+            api: Some("127.0.0.1:8001".into()),
+            ..NodeArgs::default()
+        }
+    }
+
+    /// Goal: flags build a valid config with the documented defaults.
+    #[test]
+    fn flags_build_config_with_defaults() {
+        let c = build_config(args()).unwrap();
+        assert_eq!(c.peers.len(), 2);
+        assert_eq!(
+            (c.scope.as_str(), c.tick_ms, c.election_ticks),
+            ("default", 100, 10)
+        );
+        assert!(c.check_quorum && c.pre_vote);
+    }
+
+    /// Goal: config errors name the field and exit 2. Method: break fields one at a time.
+    #[test]
+    fn bad_fields_are_named_and_exit_2() {
+        let cases: [(&str, NodeArgs); 5] = [
+            ("id", NodeArgs { id: None, ..args() }),
+            (
+                "peers",
+                NodeArgs {
+                    peers: Some("1=a:1,x".into()),
+                    ..args()
+                },
+            ),
+            (
+                "api",
+                NodeArgs {
+                    api: Some("nope".into()),
+                    ..args()
+                },
+            ),
+            (
+                "election_ticks",
+                NodeArgs {
+                    election_ticks: Some(1),
+                    ..args()
+                },
+            ),
+            (
+                "scope",
+                NodeArgs {
+                    scope: Some("no/slash".into()),
+                    ..args()
+                },
+            ),
+        ];
+        for (field, a) in cases {
+            let err = build_config(a).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{err}");
+            match err {
+                NodeCommandError::Config(c) => assert_eq!(c.field, field),
+                other => panic!("expected a config error for {field}, got {other}"),
+            }
+        }
+    }
+
+    /// Goal: a TOML file supplies settings and flags override it. Method: write a file with
+    /// a table of peers and a tick, override the tick by flag.
+    #[test]
+    fn file_settings_are_overridden_by_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(
+            &path,
+            "id = 2\ndata_dir = \"/tmp/n2\"\napi = \"127.0.0.1:8002\"\ntick_ms = 50\n\
+             [peers]\n1 = \"127.0.0.1:7001\"\n2 = \"127.0.0.1:7002\"\n",
+        )
+        .unwrap();
+        let c = build_config(NodeArgs {
+            config: Some(path.clone()),
+            tick_ms: Some(20),
+            ..NodeArgs::default()
+        })
+        .unwrap();
+        assert_eq!((c.id, c.tick_ms, c.peers.len()), (2, 20, 2));
+
+        std::fs::write(&path, "idd = 2\n").unwrap();
+        let err = build_config(NodeArgs {
+            config: Some(path),
+            ..NodeArgs::default()
+        })
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("idd"), "{err}");
+    }
+}

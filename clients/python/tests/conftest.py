@@ -1,0 +1,6 @@
+"""Makes ``palisade.py`` (one directory up) importable however pytest is started."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

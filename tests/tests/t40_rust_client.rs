@@ -1,0 +1,281 @@
+//! The Rust client (`palisade-client`) against a real `palisade proxy` process: the token
+//! on writes, the typed rejection that stops a stale writer before it reaches the proxy
+//! again, retries of idempotent requests, and timeouts reported as unknown outcomes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use palisade_client::{
+    ClientError, FencedClient, ProxyAdmin, StaticToken, StatusCode, TokenSource,
+};
+use palisade_tests::client::{put, send};
+use palisade_tests::process::{ProxyProcess, start_proxy};
+use palisade_tests::upstream::RecordingUpstream;
+use palisade_tests::wait;
+
+/// Longest a condition in these tests may take.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// The sum of a counter's series on the proxy's `/metrics`, optionally only the series
+/// whose labels contain `label`.
+async fn counter(proxy: &ProxyProcess, name: &str, label: &str) -> u64 {
+    let text = send(http::Method::GET, &proxy.admin_url("/metrics"), &[], "")
+        .await
+        .text();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .map(|l| {
+            let value = l.rsplit(' ').next().unwrap();
+            value
+                .parse::<u64>()
+                .unwrap_or_else(|e| panic!("counter {name} value {value:?}: {e}"))
+        })
+        .sum()
+}
+
+fn static_client(proxy: &ProxyProcess, token: u64) -> (Arc<StaticToken>, FencedClient) {
+    let source = Arc::new(StaticToken::new(token));
+    let client = FencedClient::builder(&proxy.url(""), source.clone())
+        .build()
+        .unwrap();
+    (source, client)
+}
+
+/// The client attaches its token and scope; the embedded store records the token, a GET
+/// reports it, and the scope's fence is at it.
+#[tokio::test]
+async fn token_is_attached_and_recorded_by_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_proxy(dir.path(), &[]);
+    let client = FencedClient::builder(&proxy.url(""), Arc::new(StaticToken::new(3)))
+        .scope("billing")
+        .build()
+        .unwrap();
+
+    let stored = client.put("charges/sub-1", "4200 cents").await.unwrap();
+    assert_eq!(stored.status, StatusCode::OK);
+    assert_eq!(stored.sent_token, Some(3));
+    assert_eq!(stored.attempts, 1);
+
+    let got = client.get("/charges/sub-1").await.unwrap();
+    assert_eq!(got.text(), "4200 cents");
+    assert_eq!(
+        got.stored_token(),
+        Some(3),
+        "the store reports the writer's token"
+    );
+    assert_eq!(got.sent_token, None, "reads carry no token");
+
+    let admin = ProxyAdmin::new(&proxy.admin_url("")).unwrap();
+    assert_eq!(admin.fence("billing").await.unwrap().token, 3);
+    assert_eq!(
+        admin.fence("default").await.unwrap().token,
+        0,
+        "the scope header was sent"
+    );
+
+    let deleted = client.delete("charges/sub-1").await.unwrap();
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    let missing = client.get("charges/sub-1").await.unwrap_err();
+    assert_eq!(missing.status(), Some(StatusCode::NOT_FOUND), "{missing}");
+}
+
+/// After a new leader fences the scope, the old leader's write is `Fenced` with the
+/// numbers; its source is marked, so its next writes fail with `NotLeader` and reach
+/// neither the upstream nor even the proxy.
+#[tokio::test]
+async fn stale_write_is_fenced_and_later_writes_never_leave_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
+    let admin = ProxyAdmin::new(&proxy.admin_url("")).unwrap();
+    let advanced = admin.advance("default", 5).await.unwrap();
+    assert!(advanced.advanced);
+
+    let (source, client) = static_client(&proxy, 3);
+    let err = client.put("/ledger/1", "stale").await.unwrap_err();
+    let ClientError::Fenced {
+        scope,
+        presented,
+        current,
+    } = &err
+    else {
+        panic!("expected Fenced, got {err:?}");
+    };
+    assert_eq!((scope.as_str(), *presented, *current), ("default", 3, 5));
+    assert_eq!(
+        err.to_string(),
+        "stale fencing token 3 for scope default: current is 5"
+    );
+    let now = source.current().await;
+    assert!(!now.is_leader && now.write_token().is_none(), "{now:?}");
+
+    let requests_before = counter(&proxy, "palisade_proxy_requests_total", "").await;
+    for attempt in [
+        client.put("/ledger/2", "x").await,
+        client.delete("/ledger/1").await,
+        client.post("/ledger/3", "y").await,
+    ] {
+        let err = attempt.unwrap_err();
+        assert!(
+            matches!(err, ClientError::NotLeader { term: 3, .. }),
+            "{err:?}"
+        );
+    }
+    assert_eq!(
+        counter(&proxy, "palisade_proxy_requests_total", "").await,
+        requests_before,
+        "refused writes never reached the proxy"
+    );
+    assert!(
+        upstream.arrived().is_empty(),
+        "nothing reached the upstream: {:?}",
+        upstream.arrived()
+    );
+    // The admin API also reports a stale advance as Fenced.
+    let stale_advance = admin.advance("default", 4).await.unwrap_err();
+    assert!(
+        matches!(
+            stale_advance,
+            ClientError::Fenced {
+                presented: 4,
+                current: 5,
+                ..
+            }
+        ),
+        "{stale_advance:?}"
+    );
+}
+
+/// A PUT answered 503 by the proxy's in-flight barrier (a lower-token write is held at
+/// the upstream) is retried after `Retry-After` and succeeds once the lower write
+/// completes; a POST without an idempotency key in the same spot is not retried.
+#[tokio::test]
+async fn idempotent_put_is_retried_and_plain_post_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(&config, "[limits]\nbarrier_timeout_ms = 300\n").unwrap();
+    let proxy = start_proxy(
+        dir.path(),
+        &[
+            "--upstream",
+            &upstream.url(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    let barrier_timeouts = || counter(&proxy, "palisade_proxy_rejections_total", "barrier-timeout");
+
+    // Token 1 held in flight; the client's token-2 PUT waits at the barrier and gets 503.
+    upstream.hold("/slow");
+    let low_url = proxy.url("/slow");
+    let low = tokio::spawn(async move { put(&low_url, 1, "low").await });
+    wait::until("the token-1 write to arrive upstream", WAIT, || async {
+        (upstream.arrived().len() == 1).then_some(())
+    })
+    .await;
+    let (_, client) = static_client(&proxy, 2);
+    let retried = async {
+        let response = client.put("/fast", "high").await;
+        (response, Instant::now())
+    };
+    // Release the held write only once the first attempt has been answered 503.
+    let release = async {
+        wait::until("a barrier 503", WAIT, || async {
+            (barrier_timeouts().await >= 1).then_some(())
+        })
+        .await;
+        upstream.release("/slow");
+    };
+    let ((response, _), ()) = tokio::join!(retried, release);
+    let response = response.unwrap();
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.attempts, 2, "one 503, then success");
+    assert_eq!(low.await.unwrap().status, http::StatusCode::OK);
+    let applied: Vec<(String, Option<String>)> = upstream
+        .applied()
+        .into_iter()
+        .map(|a| (a.path, a.token))
+        .collect();
+    assert_eq!(
+        applied,
+        vec![
+            ("/slow".to_owned(), Some("1".to_owned())),
+            ("/fast".to_owned(), Some("2".to_owned()))
+        ],
+        "the retried PUT was applied once, after the lower write"
+    );
+
+    // Same spot for a POST: one attempt, and the 503 is the answer.
+    upstream.hold("/slow");
+    let held_url = proxy.url("/slow");
+    let held = tokio::spawn(async move { put(&held_url, 2, "held").await });
+    wait::until("the held token-2 write to arrive", WAIT, || async {
+        (upstream.arrived().len() == 3).then_some(())
+    })
+    .await;
+    let (_, client3) = static_client(&proxy, 3);
+    let before = barrier_timeouts().await;
+    let err = client3.post("/fast", "once").await.unwrap_err();
+    assert_eq!(
+        err.status(),
+        Some(StatusCode::SERVICE_UNAVAILABLE),
+        "{err:?}"
+    );
+    assert_eq!(
+        barrier_timeouts().await,
+        before + 1,
+        "the POST was sent once"
+    );
+    upstream.release("/slow");
+    assert_eq!(held.await.unwrap().status, http::StatusCode::OK);
+}
+
+/// A write held at the upstream past the client's timeout is `Indeterminate`, not a
+/// failure: it did reach the storage. A POST is sent once; a PUT is retried, then
+/// reported the same way; neither costs the leadership.
+#[tokio::test]
+async fn timeout_is_reported_as_indeterminate() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
+    let client = FencedClient::builder(&proxy.url(""), Arc::new(StaticToken::new(1)))
+        .request_timeout(Duration::from_millis(400))
+        .retries(1)
+        .backoff(Duration::from_millis(10), Duration::from_millis(20))
+        .build()
+        .unwrap();
+    upstream.hold("/held");
+
+    let err = client.post("/held", "charge").await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Indeterminate { attempts: 1, .. }),
+        "a POST is sent once: {err:?}"
+    );
+    assert!(err.is_indeterminate() && !err.is_leadership_lost());
+    assert!(err.to_string().contains("may have been applied"), "{err}");
+
+    let err = client.put("/held", "charge").await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::Indeterminate { attempts: 2, .. }),
+        "a PUT is retried once, then reported unknown: {err:?}"
+    );
+    assert_eq!(
+        client.source().current().await.write_token(),
+        Some(1),
+        "a timeout does not cost the leadership"
+    );
+
+    // Whether they are applied now depends on the storage: these three arrived at it and
+    // wait there. That is what "indeterminate" means to the caller.
+    assert_eq!(
+        upstream.arrived().len(),
+        3,
+        "all three attempts reached the storage"
+    );
+    assert!(upstream.applied().is_empty());
+    upstream.release("/held");
+}
