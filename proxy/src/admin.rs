@@ -3,7 +3,9 @@
 //! - `GET /v1/fences` -> `{"fences":[{"scope":"default","token":5}, ...]}`
 //! - `GET /v1/fences/{scope}` -> `{"scope":"default","token":5}` (0 when never seen)
 //! - `POST /v1/fences/{scope}` with `{"token":N}` -> advances without a write; 409 if N
-//!   is below the fence.
+//!   is below the fence. It answers 200 only once no lower-token write of the scope is
+//!   still in flight (503 if they do not finish within the barrier timeout; the fence is
+//!   raised either way), so a new leader that has announced knows its predecessor is done.
 //! - `GET /metrics`, `GET /healthz`.
 
 use std::sync::Arc;
@@ -60,7 +62,7 @@ pub(crate) async fn handle(
 }
 
 async fn fence(
-    fencer: &Fencer,
+    fencer: &Arc<Fencer>,
     method: &Method,
     scope: String,
     body: Incoming,
@@ -80,7 +82,10 @@ async fn fence(
             let AdvanceBody { token } = serde_json::from_slice(&bytes).map_err(|e| {
                 ProxyError::BadRequest(format!("body must be {{\"token\": <u64>}}: {e}"))
             })?;
-            let advanced = fencer.raise(&scope, token).await?;
+            // The same admission as a write: raise the fence, then wait at the barrier.
+            let admitted = fencer.admit(&scope, token).await?;
+            let advanced = admitted.raised;
+            drop(admitted);
             Ok(ok_json(
                 &json!({"scope": scope, "token": token, "advanced": advanced}),
             ))

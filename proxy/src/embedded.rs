@@ -37,7 +37,9 @@ pub(crate) async fn serve(
         let truncated = keys.len() == limit;
         let keys: Vec<_> = keys
             .into_iter()
-            .map(|m| json!({"key": m.key, "token": m.token, "revision": m.revision, "size": m.size}))
+            .map(
+                |m| json!({"key": m.key, "token": m.token, "revision": m.revision, "size": m.size}),
+            )
             .collect();
         return Ok(ok_json(&json!({"keys": keys, "truncated": truncated})));
     }
@@ -55,7 +57,9 @@ pub(crate) async fn serve(
             let store = store.clone();
             let key_owned = key.clone();
             let revision = blocking(move || store.put(&key_owned, token, &body)).await?;
-            Ok(ok_json(&json!({"key": key, "token": token, "revision": revision, "size": size})))
+            Ok(ok_json(
+                &json!({"key": key, "token": token, "revision": revision, "size": size}),
+            ))
         }
         Method::DELETE => {
             let store = store.clone();

@@ -135,8 +135,8 @@ impl Fencer {
         Ok(Admitted { guard, raised })
     }
 
-    /// Raises the fence to `token` (fsynced); used by the admin API too.
-    pub(crate) async fn raise(&self, scope: &str, token: u64) -> Result<bool, ProxyError> {
+    /// Raises the fence to `token` (fsynced).
+    async fn raise(&self, scope: &str, token: u64) -> Result<bool, ProxyError> {
         let register = self.register.clone();
         let scope_owned = scope.to_owned();
         fail::fail_point!("proxy-before-fence-commit");

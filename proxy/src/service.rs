@@ -117,12 +117,12 @@ pub(crate) async fn handle(
         token: None,
         raised: false,
     };
-    let result = run_phases(&shared, &mut ctx, request, peer).await;
+    let result = run_phases(Arc::clone(&shared), &mut ctx, request, peer).await;
     Ok(respond_and_log(&ctx, result))
 }
 
 async fn run_phases(
-    shared: &Shared,
+    shared: Arc<Shared>,
     ctx: &mut Ctx,
     request: Request<Incoming>,
     peer: SocketAddr,
@@ -130,14 +130,14 @@ async fn run_phases(
     // Phase: parse and classify. Scope and token come from the head alone, so bad
     // requests are refused before their body is read.
     let (mut parts, body) = request.into_parts();
-    ctx.scope = resolve_scope(shared, parts.uri.path(), &parts.headers)?;
+    ctx.scope = resolve_scope(&shared, parts.uri.path(), &parts.headers)?;
     ctx.token = parse_token(&parts.headers)?;
     if ctx.fenced && ctx.token.is_none() {
         return Err(ProxyError::MissingToken);
     }
 
     // Phase: read the body whole, bounded in size and time.
-    let body = read_body(shared, body).await?;
+    let body = read_body(&shared, body).await?;
 
     // Phase: fence. Hold the in-flight guard until the upstream has answered.
     let admitted = match (ctx.fenced, ctx.token) {
@@ -152,25 +152,34 @@ async fn run_phases(
         parts.headers.remove(FENCING_TOKEN);
     }
 
-    // Phase: forward.
-    fail::fail_point!("proxy-before-forward");
-    let response = match &shared.backend {
-        Backend::Http(upstream) => upstream.forward(parts, body, peer.ip()).await,
-        Backend::Embedded(store) => {
-            crate::embedded::serve(
-                store,
-                &parts.method,
-                parts.uri.path(),
-                parts.uri.query(),
-                ctx.token,
-                body,
-            )
-            .await
-        }
-    };
-    fail::fail_point!("proxy-after-forward");
-    drop(admitted);
-    response
+    // Phase: forward, in a task of its own. If the client goes away, hyper drops this
+    // future; the forward must not be cancelled with it, because the upstream may still
+    // apply the write. The task keeps the in-flight guard until the upstream has
+    // answered (or timed out), so higher tokens keep waiting for it.
+    let token = ctx.token;
+    let forward = tokio::spawn(async move {
+        fail::fail_point!("proxy-before-forward");
+        let response = match &shared.backend {
+            Backend::Http(upstream) => upstream.forward(parts, body, peer.ip()).await,
+            Backend::Embedded(store) => {
+                crate::embedded::serve(
+                    store,
+                    &parts.method,
+                    parts.uri.path(),
+                    parts.uri.query(),
+                    token,
+                    body,
+                )
+                .await
+            }
+        };
+        fail::fail_point!("proxy-after-forward");
+        drop(admitted);
+        response
+    });
+    forward
+        .await
+        .map_err(|e| ProxyError::Unavailable(format!("forwarding task failed: {e}")))?
 }
 
 /// Phase: respond and log. Counts the outcome and writes one log event.

@@ -457,3 +457,107 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
         StatusCode::NOT_FOUND
     );
 }
+
+/// An admin advance answers only once lower-token writes in flight have finished, so a
+/// node that has announced knows its predecessor's writes are done; past the barrier
+/// deadline it gets 503, with the fence raised all the same.
+#[tokio::test]
+async fn admin_advance_waits_for_lower_writes_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let config = dir.path().join("proxy.toml");
+    std::fs::write(&config, "[limits]\nbarrier_timeout_ms = 1500\n").unwrap();
+    let proxy = start_proxy(
+        dir.path(),
+        &[
+            "--upstream",
+            &upstream.url(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    upstream.hold("/slow");
+    let url = proxy.url("/slow");
+    let low = tokio::spawn(async move { put(&url, 1, "low").await });
+    wait::until(
+        "the token-1 write to arrive",
+        Duration::from_secs(10),
+        || async { (upstream.arrived().len() == 1).then_some(()) },
+    )
+    .await;
+    let admin = proxy.admin_url("/v1/fences/default");
+    let advance =
+        tokio::spawn(async move { send(Method::POST, &admin, &[], r#"{"token":2}"#).await });
+    // Show that the advance does not answer while the token-1 write is in flight.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !advance.is_finished(),
+        "the admin advance must wait for the lower write"
+    );
+    upstream.release("/slow");
+    assert_eq!(low.await.unwrap().status, StatusCode::OK);
+    let answer = advance.await.unwrap();
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.json()["advanced"], true);
+
+    // Held past the deadline: 503, and the fence is raised anyway.
+    upstream.hold("/slow");
+    let url = proxy.url("/slow");
+    let held = tokio::spawn(async move { put(&url, 2, "held").await });
+    wait::until(
+        "the token-2 write to arrive",
+        Duration::from_secs(10),
+        || async { (upstream.arrived().len() == 2).then_some(()) },
+    )
+    .await;
+    let late = send(
+        Method::POST,
+        &proxy.admin_url("/v1/fences/default"),
+        &[],
+        r#"{"token":3}"#,
+    )
+    .await;
+    assert_eq!(
+        late.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        late.text()
+    );
+    let fence = send(Method::GET, &proxy.admin_url("/v1/fences/default"), &[], "")
+        .await
+        .json();
+    assert_eq!(fence["token"], 3);
+    upstream.release("/slow");
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+}
+
+/// A client that gives up on a write does not cancel it: the proxy keeps it in flight
+/// until the upstream answers, so a higher-token write still waits for it and the
+/// upstream applies them in token order.
+#[tokio::test]
+async fn abandoned_lower_write_still_holds_back_higher_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
+    upstream.hold("/slow");
+    let impatient = palisade_cluster::client::try_send_within(
+        Method::PUT,
+        &proxy.url("/slow"),
+        &[("fencing-token", "1")],
+        "low",
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(impatient.is_err(), "the client gave up: {impatient:?}");
+    let url = proxy.url("/fast");
+    let high = tokio::spawn(async move { put(&url, 2, "high").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        upstream.arrived().len(),
+        1,
+        "token 2 waits for the abandoned token-1 write"
+    );
+    upstream.release("/slow");
+    assert_eq!(high.await.unwrap().status, StatusCode::OK);
+    assert_eq!(tokens(&upstream), vec!["1", "2"], "applied in token order");
+}
