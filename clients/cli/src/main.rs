@@ -16,7 +16,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[derive(Parser)]
 #[command(name = "palisade", version, about, propagate_version = true)]
 struct Cli {
-    /// Log format on stderr. Filter with `RUST_LOG` (default: info).
+    /// Log format on stderr. Filter with `RUST_LOG` (default: info for servers and the
+    /// demo, error for client commands, whose own output already says what happened).
     #[arg(long, global = true, env = "PALISADE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// Threads of the async runtime [default: one per CPU]. Benchmarks pin this to
@@ -76,7 +77,7 @@ pub(crate) enum Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(cli.log_format, cli.command.default_log_level());
     let worker_threads = cli.worker_threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         usize::from,
@@ -125,9 +126,24 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
+impl Command {
+    /// The log level when `RUST_LOG` is not set.
+    fn default_log_level(&self) -> &'static str {
+        match self {
+            Self::Proxy(_) | Self::Node(_) | Self::Demo(_) | Self::DemoWorker(_) => "info",
+            Self::Bench(_)
+            | Self::Put(_)
+            | Self::Get(_)
+            | Self::Delete(_)
+            | Self::Fence(_)
+            | Self::Leader(_) => "error",
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
