@@ -17,7 +17,7 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::body::{ProxyBody, full, json};
+use crate::body::{ProxyBody, full, ok_json};
 use crate::config::validate_scope;
 use crate::error::{ProxyError, problem_response};
 use crate::fencing::Fencer;
@@ -106,15 +106,6 @@ fn not_found(method: &Method, path: &str) -> Response<ProxyBody> {
             "detail": format!("no admin endpoint {method} {path}; see GET /v1/fences, GET|POST /v1/fences/{{scope}}, GET /metrics, GET /healthz"),
         }),
     )
-}
-
-fn ok_json(value: &serde_json::Value) -> Response<ProxyBody> {
-    let mut response = Response::new(json(value));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {

@@ -13,7 +13,12 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed()
 }
 
-/// A JSON body.
-pub fn json(value: &serde_json::Value) -> ProxyBody {
-    full(Bytes::from(value.to_string()))
+/// A 200 response with a JSON body.
+pub fn ok_json(value: &serde_json::Value) -> http::Response<ProxyBody> {
+    let mut response = http::Response::new(full(Bytes::from(value.to_string())));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
 }

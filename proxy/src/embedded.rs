@@ -10,7 +10,7 @@ use http::{HeaderValue, Method, Response, StatusCode, header};
 use palisade_storage::{ObjectError, ObjectStore};
 use serde_json::json;
 
-use crate::body::{ProxyBody, full, json};
+use crate::body::{ProxyBody, full, ok_json};
 use crate::error::ProxyError;
 
 /// Response header of a `GET`: the store-wide revision of the write that stored the object.
@@ -121,15 +121,6 @@ fn list_limit(query: &str) -> Option<usize> {
         }
     }
     list.then_some(limit)
-}
-
-fn ok_json(value: &serde_json::Value) -> Response<ProxyBody> {
-    let mut response = Response::new(json(value));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 async fn blocking<T: Send + 'static>(

@@ -3,6 +3,7 @@
 //! need.
 //!
 //! # Layout
+//! - `fixtures`: set-ups several proxy tests share.
 //! - `upstream`: the recording upstream, with per-path hold gates to keep a request in flight.
 //! - re-exports of `palisade_cluster`'s `client` and `wait`, and a panicking `process`
 //!   facade over its launchers.
@@ -10,6 +11,7 @@
 
 pub use palisade_cluster::{client, wait};
 
+pub mod fixtures;
 pub mod upstream;
 
 /// Launchers that panic with the cause, for tests.

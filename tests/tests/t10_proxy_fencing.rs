@@ -7,9 +7,12 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use palisade_tests::client::{self, put, send};
+use palisade_tests::fixtures::{hold_in_flight, proxy_with_upstream};
 use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait;
+
+/// A proxy config with a short barrier deadline, so 503 tests are quick.
+const BARRIER_1500_MS: &str = "[limits]\nbarrier_timeout_ms = 1500\n";
 
 fn tokens(upstream: &RecordingUpstream) -> Vec<String> {
     upstream
@@ -160,29 +163,10 @@ async fn malformed_requests_get_their_status_and_nothing_is_forwarded() {
 #[tokio::test]
 async fn higher_token_waits_for_lower_in_flight_and_times_out_with_503() {
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = dir.path().join("proxy.toml");
-    std::fs::write(&config, "[limits]\nbarrier_timeout_ms = 1500\n").unwrap();
-    let proxy = start_proxy(
-        dir.path(),
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--config",
-            config.to_str().unwrap(),
-        ],
-    );
+    let (upstream, proxy) = proxy_with_upstream(dir.path(), BARRIER_1500_MS).await;
 
     // Order: token 1 held in flight, then token 2 arrives.
-    upstream.hold("/slow");
-    let low_url = proxy.url("/slow");
-    let low = tokio::spawn(async move { put(&low_url, 1, "low").await });
-    wait::until(
-        "the token-1 write to arrive upstream",
-        Duration::from_secs(10),
-        || async { (upstream.arrived().len() == 1).then_some(()) },
-    )
-    .await;
+    let low = hold_in_flight(&upstream, &proxy, "/slow", 1).await;
     let high_url = proxy.url("/fast");
     let high = tokio::spawn(async move { put(&high_url, 2, "high").await });
     // Show that the higher write is not forwarded while the lower one is in flight.
@@ -194,15 +178,7 @@ async fn higher_token_waits_for_lower_in_flight_and_times_out_with_503() {
     assert_eq!(tokens(&upstream), vec!["1", "2"], "applied in token order");
 
     // Now hold token 2 past the barrier deadline: token 3 gets 503 and is not forwarded.
-    upstream.hold("/slow");
-    let held_url = proxy.url("/slow");
-    let held = tokio::spawn(async move { put(&held_url, 2, "held").await });
-    wait::until(
-        "the second token-2 write to arrive",
-        Duration::from_secs(10),
-        || async { (upstream.arrived().len() == 3).then_some(()) },
-    )
-    .await;
+    let held = hold_in_flight(&upstream, &proxy, "/slow", 2).await;
     let timed_out = put(&proxy.url("/fast"), 3, "too early").await;
     assert_eq!(
         timed_out.status,
@@ -464,27 +440,8 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
 #[tokio::test]
 async fn admin_advance_waits_for_lower_writes_in_flight() {
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = dir.path().join("proxy.toml");
-    std::fs::write(&config, "[limits]\nbarrier_timeout_ms = 1500\n").unwrap();
-    let proxy = start_proxy(
-        dir.path(),
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--config",
-            config.to_str().unwrap(),
-        ],
-    );
-    upstream.hold("/slow");
-    let url = proxy.url("/slow");
-    let low = tokio::spawn(async move { put(&url, 1, "low").await });
-    wait::until(
-        "the token-1 write to arrive",
-        Duration::from_secs(10),
-        || async { (upstream.arrived().len() == 1).then_some(()) },
-    )
-    .await;
+    let (upstream, proxy) = proxy_with_upstream(dir.path(), BARRIER_1500_MS).await;
+    let low = hold_in_flight(&upstream, &proxy, "/slow", 1).await;
     let admin = proxy.admin_url("/v1/fences/default");
     let advance =
         tokio::spawn(async move { send(Method::POST, &admin, &[], r#"{"token":2}"#).await });
@@ -501,15 +458,7 @@ async fn admin_advance_waits_for_lower_writes_in_flight() {
     assert_eq!(answer.json()["advanced"], true);
 
     // Held past the deadline: 503, and the fence is raised anyway.
-    upstream.hold("/slow");
-    let url = proxy.url("/slow");
-    let held = tokio::spawn(async move { put(&url, 2, "held").await });
-    wait::until(
-        "the token-2 write to arrive",
-        Duration::from_secs(10),
-        || async { (upstream.arrived().len() == 2).then_some(()) },
-    )
-    .await;
+    let held = hold_in_flight(&upstream, &proxy, "/slow", 2).await;
     let late = send(
         Method::POST,
         &proxy.admin_url("/v1/fences/default"),
