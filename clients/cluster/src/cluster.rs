@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::node::{Leadership, NodeProcess, NodeSpec};
 use crate::proxy::ProxyProcess;
-use crate::{ClusterError, Result, free_port, wait};
+use crate::{Result, free_port, wait};
 
 /// How to start a cluster.
 #[derive(Debug, Clone)]
@@ -43,10 +43,6 @@ impl Cluster {
     /// Starts the proxy, then the nodes, in `dir`.
     pub fn start(dir: &Path, spec: &ClusterSpec) -> Result<Self> {
         let proxy_dir = dir.join("proxy");
-        std::fs::create_dir_all(&proxy_dir).map_err(|source| ClusterError::Io {
-            what: format!("create {}", proxy_dir.display()),
-            source,
-        })?;
         let proxy_flags: Vec<&str> = spec.proxy_flags.iter().map(String::as_str).collect();
         let proxy = ProxyProcess::start(&proxy_dir, &proxy_flags)?;
         let mut peers = BTreeMap::new();

@@ -25,9 +25,13 @@ pub struct ProxyProcess {
 
 impl ProxyProcess {
     /// Starts a proxy on free loopback ports with its data in `dir/data` and its log in
-    /// `dir`. `extra` are further flags (`--upstream URL`, `--config FILE`, ...).
+    /// `dir` (created if missing). `extra` are further flags (`--upstream URL`, `--config FILE`, ...).
     pub fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
         static STARTS: AtomicUsize = AtomicUsize::new(0);
+        std::fs::create_dir_all(dir).map_err(|source| ClusterError::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
         let data_dir = dir.join("data");
         let mut args: Vec<String> = [
             "proxy",
