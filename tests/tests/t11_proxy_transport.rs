@@ -258,3 +258,100 @@ async fn graceful_shutdown_completes_in_flight_request() {
     .unwrap();
     assert_eq!(code, Some(0));
 }
+
+/// An `https://` upstream is reached with rustls, trusting the CA bundle given with
+/// `--upstream-ca`; without it (platform roots only) the self-signed upstream is refused
+/// with 502 and nothing is applied.
+#[tokio::test]
+async fn https_upstream_is_trusted_through_the_configured_ca_bundle() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let ca_path = dir.path().join("upstream-ca.pem");
+    std::fs::write(&ca_path, cert.cert.pem()).unwrap();
+    let (addr, seen) = tls_upstream(cert).await;
+    let upstream = format!("https://localhost:{}", addr.port());
+
+    let proxy = start_proxy(
+        &dir.path().join("trusting"),
+        &[
+            "--upstream",
+            &upstream,
+            "--upstream-ca",
+            ca_path.to_str().unwrap(),
+        ],
+    );
+    let answer = put(&proxy.url("/over/tls"), 4, "secret").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.text(), "applied over TLS");
+    assert_eq!(seen.lock().unwrap().clone(), vec![Some("4".to_owned())]);
+
+    let untrusting = start_proxy(&dir.path().join("untrusting"), &["--upstream", &upstream]);
+    let refused = put(&untrusting.url("/over/tls"), 5, "secret").await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_GATEWAY,
+        "{}",
+        refused.text()
+    );
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        1,
+        "nothing reached the untrusted upstream"
+    );
+}
+
+/// A minimal HTTPS upstream on a free port that records each request's `Fencing-Token`.
+async fn tls_upstream(
+    cert: rcgen::CertifiedKey,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>,
+) {
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use hyper_util::server::conn::auto;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()));
+    let chain = vec![CertificateDer::from(cert.cert.der().to_vec())];
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = std::sync::Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let record = std::sync::Arc::clone(&record);
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let token = req
+                        .headers()
+                        .get("fencing-token")
+                        .map(|v| v.to_str().unwrap().to_owned());
+                    record.lock().unwrap().push(token);
+                    async {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                            Bytes::from_static(b"applied over TLS"),
+                        )))
+                    }
+                });
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
