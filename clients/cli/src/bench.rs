@@ -721,7 +721,7 @@ impl Report {
         let seconds = elapsed.as_secs_f64();
         let per_s = |n: u64| {
             if seconds > 0.0 {
-                n as f64 / seconds
+                count_f64(n) / seconds
             } else {
                 0.0
             }
@@ -765,7 +765,7 @@ impl Report {
 
     fn text(&self) -> String {
         use std::fmt::Write as _;
-        let ms = |us: u64| us as f64 / 1000.0;
+        let ms = |us: u64| count_f64(us) / 1000.0;
         let l = &self.latency_us;
         let mut out = String::new();
         let _ = writeln!(
@@ -821,6 +821,13 @@ impl Report {
     }
 }
 
+/// A count or a latency in microseconds as `f64`, for rates and milliseconds. Both stay
+/// far below 2^52, where `f64` would start rounding.
+#[allow(clippy::cast_precision_loss)]
+fn count_f64(n: u64) -> f64 {
+    n as f64
+}
+
 /// The median of `values` (the mean of the two middle ones for an even count).
 pub(crate) fn median(values: &[f64]) -> Option<f64> {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
@@ -829,7 +836,7 @@ pub(crate) fn median(values: &[f64]) -> Option<f64> {
     }
     v.sort_by(f64::total_cmp);
     let mid = v.len() / 2;
-    Some(if v.len() % 2 == 0 {
+    Some(if v.len().is_multiple_of(2) {
         f64::midpoint(v[mid - 1], v[mid])
     } else {
         v[mid]

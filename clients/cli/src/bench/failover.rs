@@ -209,16 +209,15 @@ async fn trials(args: &FailoverArgs, dir: &std::path::Path) -> Result<Report, Fa
         })?;
         tokio::time::sleep(settle).await;
         let trial = one_trial(&cluster, &leader, poll).await.map_err(runtime)?;
-        if !args.json {
-            eprintln!(
-                "trial {n:>3}: paused node {} (term {}): elected {} ms, established {} ms, announced {} ms",
-                trial.paused_node,
-                trial.old_term,
-                fmt_ms(trial.elected_ms),
-                fmt_ms(trial.established_ms),
-                fmt_ms(trial.announced_ms),
-            );
-        }
+        // Progress on stderr, so stdout stays one JSON object with --json.
+        eprintln!(
+            "trial {n:>3}: paused node {} (term {}): elected {} ms, established {} ms, announced {} ms",
+            trial.paused_node,
+            trial.old_term,
+            fmt_ms(trial.elected_ms),
+            fmt_ms(trial.established_ms),
+            fmt_ms(trial.announced_ms),
+        );
         done.push(trial);
     }
     Ok(Report {

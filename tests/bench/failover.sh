@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Failover, side by side: a 3-node palisade cluster (with a proxy the nodes announce to)
+# and a 3-member etcd cluster, with the same heartbeat (100 ms) and election timeout
+# (1000 ms, randomized by both up to twice that) and pre-vote on in both. Each trial
+# pauses the leader with SIGSTOP and times, from the signal:
+#   palisade (`palisade bench failover`): a new leader is elected; its token is at the
+#            proxy (GET /v1/fences/default rose: the paused leader's writes are refused);
+#   etcd (tests/bench/etcd_failover.py): another member reports a new leader; a put
+#            through another member commits in the new term.
+# Then SIGCONT, let the cluster settle, repeat. Blocks of trials alternate between the two
+# systems; the report gives medians and maxima over all trials.
+#
+# Environment (defaults): BENCH_TRIALS (20 per system), BENCH_BLOCKS (2: the trials are
+# split into this many alternating blocks), BENCH_SETTLE_MS (1000), BENCH_POLL_MS (10),
+# BENCH_DIR (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0).
+# Default run time: about 3 minutes plus the build; each block is bounded by `timeout`.
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "$0")/lib.sh"
+
+TRIALS="${BENCH_TRIALS:-20}"
+BLOCKS="${BENCH_BLOCKS:-2}"
+SETTLE_MS="${BENCH_SETTLE_MS:-1000}"
+POLL_MS="${BENCH_POLL_MS:-10}"
+HEARTBEAT_MS=100
+ELECTION_MS=1000
+# Palisade counts in ticks: 100 ms ticks, heartbeat 1 tick, election 10 ticks.
+TICK_MS=100
+# Longest one block may take, in seconds: a trial takes about 3 s.
+BLOCK_BUDGET_S=$((TRIALS * 6 / BLOCKS + 30))
+
+need etcd etcd-server
+need etcdctl etcd-client
+need python3 python3
+build_palisade
+make_workdir
+machine_report
+wait_quiet
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+per_block=$(((TRIALS + BLOCKS - 1) / BLOCKS))
+
+for block in $(seq "$BLOCKS"); do
+  log "block $block of $BLOCKS: palisade, $per_block trials"
+  spawn "palisade-$block" timeout -s TERM -k 10 "$((BLOCK_BUDGET_S + 30))" \
+    "$PALISADE" bench failover --trials "$per_block" --tick-ms "$TICK_MS" \
+    --heartbeat-ticks $((HEARTBEAT_MS / TICK_MS)) --election-ticks $((ELECTION_MS / TICK_MS)) \
+    --poll-ms "$POLL_MS" --settle-ms "$SETTLE_MS" --budget-s "$BLOCK_BUDGET_S" --json
+  wait "$SPAWNED" || die "palisade failover block $block failed: $(tail -5 "$BENCH_WORK/palisade-$block.err")"
+  sed 's/^/  /' "$BENCH_WORK/palisade-$block.err" >&2
+
+  log "block $block of $BLOCKS: etcd, $per_block trials"
+  mkdir -p "$BENCH_WORK/etcd-$block"
+  spawn "etcd-$block" timeout -s TERM -k 10 "$((BLOCK_BUDGET_S + 30))" \
+    python3 "$HERE/etcd_failover.py" --dir "$BENCH_WORK/etcd-$block" --trials "$per_block" \
+    --heartbeat-ms "$HEARTBEAT_MS" --election-ms "$ELECTION_MS" --poll-ms "$POLL_MS" \
+    --settle-ms "$SETTLE_MS" --budget-s "$BLOCK_BUDGET_S"
+  wait "$SPAWNED" || die "etcd failover block $block failed: $(tail -5 "$BENCH_WORK/etcd-$block.err")"
+  sed 's/^/  /' "$BENCH_WORK/etcd-$block.err" >&2
+done
+
+python3 - "$BENCH_WORK" "$BLOCKS" "$(nproc)" <<'EOF'
+import json, statistics, sys
+work, blocks = sys.argv[1], int(sys.argv[2])
+pal = [t for b in range(1, blocks + 1) for t in json.load(open(f"{work}/palisade-{b}.out"))["trials"]]
+etcd = [t for b in range(1, blocks + 1) for t in json.load(open(f"{work}/etcd-{b}.out"))["trials"]]
+def row(name, values):
+    v = [x for x in values if x is not None]
+    if not v:
+        return f"| {name} | 0 | - | - | - |", None
+    m = statistics.median(v)
+    return f"| {name} | {len(v)} | {m:.0f} | {min(v):.0f} | {max(v):.0f} |", m
+print(f"\nfailover benchmark: {sys.argv[3]} cores, 3 nodes each, heartbeat 100 ms, "
+      f"election timeout 1000 ms, leader paused with SIGSTOP\n")
+print("| moment (from SIGSTOP) | trials | median ms | min ms | max ms |")
+print("|---|---|---|---|---|")
+lines = [row("palisade: new leader elected", (t["elected_ms"] for t in pal)),
+         row("palisade: new token at the proxy", (t["announced_ms"] for t in pal)),
+         row("etcd: new leader elected", (t["elected_ms"] for t in etcd)),
+         row("etcd: first write in the new term", (t["first_write_ms"] for t in etcd))]
+for text, _ in lines:
+    print(text)
+(_, pe), (_, pa), (_, ee), (_, ew) = lines
+if None not in (pe, pa, ee, ew):
+    print(f"\nratios of medians: elected palisade/etcd {pe / ee:.2f}; "
+          f"token at the proxy / etcd first write {pa / ew:.2f}")
+EOF
