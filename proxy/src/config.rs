@@ -121,12 +121,16 @@ pub struct Limits {
     pub body_bytes_max: u64,
     /// Time a client has to send its whole body, in milliseconds. Slower: 408.
     pub body_read_timeout_ms: u64,
-    /// Time to connect to the upstream, in milliseconds.
+    /// Time to get a connection to the upstream (a free slot under
+    /// `upstream_requests_max`, then the TCP and TLS handshake), in milliseconds.
     pub upstream_connect_timeout_ms: u64,
     /// Time from forwarding a request until the upstream's response head, in milliseconds.
     pub upstream_timeout_ms: u64,
     /// Idle pooled upstream connections per host.
     pub upstream_idle_per_host: usize,
+    /// Requests in flight to the upstream at once, and so upstream connections open at
+    /// once. More wait for a slot, up to `upstream_connect_timeout_ms`, then get 503.
+    pub upstream_requests_max: usize,
     /// How long a higher-token write waits for lower-token writes still in flight before
     /// it is answered 503, in milliseconds.
     pub barrier_timeout_ms: u64,
@@ -151,6 +155,7 @@ impl Default for Limits {
             upstream_connect_timeout_ms: 5_000,
             upstream_timeout_ms: 30_000,
             upstream_idle_per_host: 64,
+            upstream_requests_max: 256,
             barrier_timeout_ms: 5_000,
             drain_timeout_ms: 10_000,
             scopes_max: palisade_storage::SCOPES_MAX_DEFAULT,
@@ -276,6 +281,10 @@ impl Limits {
                 self.upstream_connect_timeout_ms,
             ),
             ("limits.upstream_timeout_ms", self.upstream_timeout_ms),
+            (
+                "limits.upstream_requests_max",
+                self.upstream_requests_max as u64,
+            ),
             ("limits.barrier_timeout_ms", self.barrier_timeout_ms),
             ("limits.scopes_max", self.scopes_max as u64),
             ("limits.object_bytes_max", self.object_bytes_max),

@@ -23,6 +23,21 @@ use crate::metrics as m;
 /// Pause after a failed accept (for example EMFILE), so the loop does not spin.
 const ACCEPT_BACKOFF_MS: u64 = 50;
 
+/// The client at the other end of a connection, worked out once per connection rather
+/// than once per request.
+pub(crate) struct Peer {
+    /// Its IP as an `X-Forwarded-For` value.
+    pub forwarded_for: Option<http::HeaderValue>,
+}
+
+impl Peer {
+    fn new(addr: SocketAddr) -> Self {
+        Self {
+            forwarded_for: http::HeaderValue::from_str(&addr.ip().to_string()).ok(),
+        }
+    }
+}
+
 /// How one listener treats its connections.
 #[derive(Clone)]
 pub(crate) struct ListenerSettings {
@@ -44,7 +59,7 @@ pub(crate) async fn serve<H, F>(
     mut shutdown: watch::Receiver<bool>,
     handler: H,
 ) where
-    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -86,7 +101,8 @@ pub(crate) async fn serve<H, F>(
         };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
-        let service = service_fn(move |req| handler(req, peer));
+        let client = Arc::new(Peer::new(peer));
+        let service = service_fn(move |req| handler(req, Arc::clone(&client)));
         let builder = Arc::clone(&builder);
         let watcher = graceful.watcher();
         let settings = settings.clone();

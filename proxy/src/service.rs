@@ -1,7 +1,6 @@
 //! One client request through the proxy, in fixed phases sharing one context:
 //! parse, classify, read body, fence, forward, respond, log.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,7 @@ use crate::config::{ProxyConfig, Route, validate_scope};
 use crate::error::{Cause, ProxyError};
 use crate::fencing::Fencer;
 use crate::metrics as m;
+use crate::server::Peer;
 use crate::upstream::HttpUpstream;
 
 /// The fixed request header carrying the fencing token.
@@ -99,7 +99,7 @@ struct Ctx {
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     request: Request<Incoming>,
-    peer: SocketAddr,
+    peer: Arc<Peer>,
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let started = Instant::now();
     let method = request.method().clone();
@@ -125,7 +125,7 @@ async fn run_phases(
     shared: Arc<Shared>,
     ctx: &mut Ctx,
     request: Request<Incoming>,
-    peer: SocketAddr,
+    peer: Arc<Peer>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     // Phase: parse and classify. Scope and token come from the head alone, so bad
     // requests are refused before their body is read.
@@ -160,7 +160,7 @@ async fn run_phases(
     let forward = tokio::spawn(async move {
         fail::fail_point!("proxy-before-forward");
         let response = match &shared.backend {
-            Backend::Http(upstream) => upstream.forward(parts, body, peer.ip()).await,
+            Backend::Http(upstream) => upstream.forward(parts, body, &peer).await,
             Backend::Embedded(store) => {
                 crate::embedded::serve(
                     store,

@@ -4,31 +4,37 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Request, Response, Uri, header};
+use http::{HeaderMap, HeaderName, Request, Response, Uri, header};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio::sync::Semaphore;
 
 use crate::body::ProxyBody;
 use crate::config::ProxyConfig;
 use crate::error::ProxyError;
 use crate::metrics as m;
+use crate::server::Peer;
 use crate::tls::{self, TlsError};
 
-/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1). Pre-built names:
+/// removing by `&str` would parse and hash the name on every request.
+static HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
+
+/// `X-Forwarded-For`.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// An HTTP(S) upstream.
 pub(crate) struct HttpUpstream {
@@ -39,6 +45,12 @@ pub(crate) struct HttpUpstream {
     /// Path of the base URL without a trailing slash ("" for the root).
     base_path: String,
     timeout: Duration,
+    /// One permit per request in flight to the upstream (`limits.upstream_requests_max`).
+    permits: Semaphore,
+    requests_max: usize,
+    /// How long a request may wait for a permit: part of getting a connection, so
+    /// `limits.upstream_connect_timeout_ms`.
+    permit_timeout: Duration,
 }
 
 impl HttpUpstream {
@@ -82,6 +94,9 @@ impl HttpUpstream {
                 .map(|p| p.path().trim_end_matches('/').to_owned())
                 .unwrap_or_default(),
             timeout: Duration::from_millis(limits.upstream_timeout_ms),
+            permits: Semaphore::new(limits.upstream_requests_max),
+            requests_max: limits.upstream_requests_max,
+            permit_timeout: Duration::from_millis(limits.upstream_connect_timeout_ms),
         })
     }
 
@@ -90,7 +105,7 @@ impl HttpUpstream {
         &self,
         mut parts: http::request::Parts,
         body: Bytes,
-        peer: std::net::IpAddr,
+        peer: &Peer,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let path_and_query = parts
             .uri
@@ -105,18 +120,30 @@ impl HttpUpstream {
         strip_hop_by_hop(&mut parts.headers);
         // The client sets Host from the URI, as nginx's proxy_pass does by default.
         parts.headers.remove(header::HOST);
-        append_forwarded_for(&mut parts.headers, peer);
+        if let Some(ip) = &peer.forwarded_for {
+            parts.headers.append(X_FORWARDED_FOR.clone(), ip.clone());
+        }
         let mut request = Request::from_parts(parts, Full::new(body));
         *request.uri_mut() = uri;
         *request.version_mut() = http::Version::HTTP_11;
 
+        let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        let busy = || {
+            ProxyError::Unavailable(format!(
+                "{} requests are in flight to the upstream and none finished within {} ms",
+                self.requests_max,
+                self.permit_timeout.as_millis()
+            ))
+        };
+        let _permit = tokio::time::timeout(self.permit_timeout, self.permits.acquire())
+            .await
+            .map_err(|_| busy())?
+            .map_err(|_| busy())?;
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, self.client.request(request)).await;
         metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
         let response = result
-            .map_err(|_| ProxyError::UpstreamTimeout {
-                timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
-            })?
+            .map_err(|_| ProxyError::UpstreamTimeout { timeout_ms })?
             .map_err(|e| ProxyError::Upstream(error_chain(&e)))?;
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -124,28 +151,24 @@ impl HttpUpstream {
     }
 }
 
-/// Removes hop-by-hop headers, including any named by `Connection`.
+/// Removes hop-by-hop headers, including any named by `Connection`. Most requests have
+/// none, so each name is looked up before anything is removed or allocated.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .filter(|s| !s.is_empty())
-        .collect();
-    for name in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
-        headers.remove(name);
+    if let Some(connection) = headers.get(header::CONNECTION) {
+        let named: Vec<HeaderName> = connection
+            .to_str()
+            .unwrap_or("")
+            .split(',')
+            .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-}
-
-fn append_forwarded_for(headers: &mut HeaderMap, peer: std::net::IpAddr) {
-    if let Ok(v) = HeaderValue::from_str(&peer.to_string()) {
-        headers.append("x-forwarded-for", v);
+    for name in &HOP_BY_HOP {
+        if headers.contains_key(name) {
+            headers.remove(name);
+        }
     }
 }
 
@@ -164,6 +187,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn hop_by_hop_headers_and_connection_named_ones_are_removed() {

@@ -355,3 +355,42 @@ async fn tls_upstream(
     });
     (addr, seen)
 }
+
+/// `limits.upstream_requests_max` bounds requests in flight to the upstream: with its one
+/// slot held, the next request waits up to the upstream connect timeout, then gets 503,
+/// and never reaches the upstream.
+#[tokio::test]
+async fn upstream_requests_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
+        dir.path(),
+        "[limits]\nupstream_requests_max = 1\nupstream_connect_timeout_ms = 300\n",
+    )
+    .await;
+    let held = palisade_tests::fixtures::hold_in_flight(&upstream, &proxy, "/slow", 1).await;
+    let refused = send(Method::GET, &proxy.url("/other"), &[], "").await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        refused.text()
+    );
+    assert!(
+        refused.text().contains("1 requests are in flight"),
+        "{}",
+        refused.text()
+    );
+    assert_eq!(
+        upstream.arrived().len(),
+        1,
+        "the refused request never reached the upstream"
+    );
+    upstream.release("/slow");
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    assert_eq!(
+        send(Method::GET, &proxy.url("/other"), &[], "")
+            .await
+            .status,
+        StatusCode::OK
+    );
+}
