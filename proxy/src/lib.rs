@@ -127,6 +127,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         None => None,
     };
     metrics::prometheus();
+    metrics::hot();
 
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)

@@ -2,6 +2,7 @@
 
 use std::sync::OnceLock;
 
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Requests by `class` (read, write) and `outcome` (forwarded, rejected, failed).
@@ -39,5 +40,27 @@ pub fn prometheus() -> &'static PrometheusHandle {
             tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
         }
         handle
+    })
+}
+
+/// Handles of the metrics every forwarded request touches, registered once: looking a
+/// labelled metric up by name on each request costs a hash and a lock.
+pub(crate) struct Hot {
+    /// `REQUESTS{class="read",outcome="forwarded"}`.
+    pub forwarded_read: Counter,
+    /// `REQUESTS{class="write",outcome="forwarded"}`.
+    pub forwarded_write: Counter,
+    /// `UPSTREAM_SECONDS`.
+    pub upstream_seconds: Histogram,
+}
+
+/// The hot-path handles. They bind to the recorder installed when first called, so
+/// `start` installs it (through [`prometheus`]) before serving any request.
+pub(crate) fn hot() -> &'static Hot {
+    static HOT: OnceLock<Hot> = OnceLock::new();
+    HOT.get_or_init(|| Hot {
+        forwarded_read: metrics::counter!(REQUESTS, "class" => "read", "outcome" => "forwarded"),
+        forwarded_write: metrics::counter!(REQUESTS, "class" => "write", "outcome" => "forwarded"),
+        upstream_seconds: metrics::histogram!(UPSTREAM_SECONDS),
     })
 }

@@ -194,7 +194,10 @@ fn respond_and_log(
     let scope = ctx.scope.as_str();
     match result {
         Ok(response) => {
-            metrics::counter!(m::REQUESTS, "class" => class, "outcome" => "forwarded").increment(1);
+            match ctx.class {
+                Class::Read => m::hot().forwarded_read.increment(1),
+                Class::Write => m::hot().forwarded_write.increment(1),
+            }
             tracing::debug!(
                 scope, token, outcome = "forwarded", raised = ctx.raised, method = %ctx.method,
                 status = response.status().as_u16(), elapsed_ms, "request"

@@ -141,7 +141,9 @@ impl HttpUpstream {
             .map_err(|_| busy())?;
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, self.client.request(request)).await;
-        metrics::histogram!(m::UPSTREAM_SECONDS).record(started.elapsed().as_secs_f64());
+        m::hot()
+            .upstream_seconds
+            .record(started.elapsed().as_secs_f64());
         let response = result
             .map_err(|_| ProxyError::UpstreamTimeout { timeout_ms })?
             .map_err(|e| ProxyError::Upstream(error_chain(&e)))?;

@@ -314,6 +314,14 @@ async fn admin_advance_fences_out_lower_writes() {
         metrics.contains("palisade_proxy_fence_advances_total"),
         "{metrics}"
     );
+    assert!(
+        metrics.contains(r#"palisade_proxy_requests_total{class="write",outcome="forwarded"} 1"#),
+        "one write was forwarded: {metrics}"
+    );
+    assert!(
+        metrics.contains("palisade_proxy_upstream_seconds_count 1"),
+        "one upstream latency recorded: {metrics}"
+    );
     assert_eq!(
         send(Method::GET, &proxy.admin_url("/healthz"), &[], "")
             .await
