@@ -8,6 +8,10 @@
 //! - `POST /v1/transfer` with `{"to":ID}`: leadership transfer; waits for the outcome.
 //! - `POST /v1/resign`: transfer to the best other voter.
 //! - `GET /metrics` (Prometheus text), `GET /healthz`.
+//! - Only on a node started with test faults (`PALISADE_TEST_FAULTS=1`), else 404:
+//!   `GET /v1/test/faults` and `POST /v1/test/faults` with
+//!   `{"drop":[2,3],"delay_ms":{"2":200}}`, which replaces every fault of this node's
+//!   links (`{}` heals them); see [`crate::transport::faults`].
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,6 +33,7 @@ use tracing::{Instrument as _, debug, warn};
 use crate::leadership::{Leadership, Role};
 use crate::metrics::NodeMetrics;
 use crate::node::{Commands, TransferError};
+use crate::transport::faults::{FaultError, FaultSpec, LinkFaults};
 
 /// Longest long poll: a client asking for more waits this long. Keeps a forgotten client
 /// from pinning a connection for ever.
@@ -51,6 +56,8 @@ pub(crate) struct ApiState {
     pub leadership: watch::Receiver<Leadership>,
     pub commands: Commands,
     pub metrics: NodeMetrics,
+    /// The transport's test faults, only when they are enabled.
+    pub faults: Option<Arc<LinkFaults>>,
 }
 
 /// The `GET /v1/leader` answer.
@@ -173,6 +180,13 @@ async fn route(
                     None,
                 )
             }
+        }
+        (&Method::GET, "/v1/test/faults") if state.faults.is_some() => {
+            let spec = state.faults.as_ref().map(|f| f.get()).unwrap_or_default();
+            json(StatusCode::OK, &spec)
+        }
+        (&Method::POST, "/v1/test/faults") if state.faults.is_some() => {
+            set_faults(state, req).await
         }
         (_, "/v1/leader" | "/metrics" | "/healthz") => method_not_allowed(state, "GET"),
         (_, "/v1/transfer" | "/v1/resign") => method_not_allowed(state, "POST"),
@@ -297,6 +311,63 @@ async fn transfer(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
         }
     };
     transfer_outcome(state, state.commands.transfer(Some(to)).await)
+}
+
+/// `POST /v1/test/faults`: replaces the faults of this node's links.
+async fn set_faults(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
+    let Some(faults) = state.faults.as_ref() else {
+        return problem(
+            state,
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "No such resource",
+            &FaultError::Disabled.to_string(),
+            None,
+        );
+    };
+    let body = match Limited::new(req.into_body(), API_BODY_BYTES_MAX)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(err) => {
+            return problem(
+                state,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large or unreadable",
+                &format!("the body must be at most {API_BODY_BYTES_MAX} bytes: {err}"),
+                None,
+            );
+        }
+    };
+    let spec = match serde_json::from_slice::<FaultSpec>(&body) {
+        Ok(spec) => spec,
+        Err(err) => {
+            return problem(
+                state,
+                StatusCode::BAD_REQUEST,
+                "bad-body",
+                "Bad request body",
+                &format!("expected {{\"drop\":[ID,...],\"delay_ms\":{{\"ID\":MS}}}}: {err}"),
+                None,
+            );
+        }
+    };
+    match faults.set(spec) {
+        Ok(spec) => {
+            warn!(drop = ?spec.drop, delay_ms = ?spec.delay_ms, "test faults set");
+            json(StatusCode::OK, &spec)
+        }
+        Err(err) => problem(
+            state,
+            StatusCode::BAD_REQUEST,
+            "bad-faults",
+            "Fault spec refused",
+            &err.to_string(),
+            None,
+        ),
+    }
 }
 
 fn transfer_outcome(

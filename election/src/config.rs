@@ -57,6 +57,11 @@ pub struct NodeConfig {
     pub check_quorum: bool,
     /// Candidates first probe whether they could win, so a rejoining node does not disrupt.
     pub pre_vote: bool,
+    /// Test faults: lets the API's `POST /v1/test/faults` drop or delay raft traffic per
+    /// peer (see [`crate::transport::faults`]). Never read from a config file; `palisade
+    /// node` sets it only when `PALISADE_TEST_FAULTS=1` is in its environment.
+    #[serde(skip)]
+    pub test_faults: bool,
 }
 
 impl Default for NodeConfig {
@@ -74,6 +79,7 @@ impl Default for NodeConfig {
             priority: 0,
             check_quorum: true,
             pre_vote: true,
+            test_faults: false,
         }
     }
 }

@@ -33,7 +33,8 @@
 //! - `node`: [`Node::start`], [`NodeHandle`], and the election loop that owns the `RawNode`
 //!   and handles each `Ready` in the documented order.
 //! - `transport`: the peer protocol (length-prefixed prost frames carrying protobuf raft
-//!   messages), inbound checks, the TCP transport and the in-memory test network.
+//!   messages), inbound checks, the TCP transport, its test faults (drop or delay per peer,
+//!   off unless enabled), and the in-memory test network.
 //! - `announce`: fencing the configured proxies when this node becomes established.
 //! - `api`: the HTTP API (`/v1/leader` with long poll, `/v1/transfer`, `/v1/resign`,
 //!   `/metrics`, `/healthz`).
@@ -63,5 +64,6 @@ pub use node::{
     INBOX_MAX, Node, NodeError, NodeHandle, StartError, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
     Transferred,
 };
+pub use transport::faults::{FAULT_DELAY_MS_MAX, FaultSpec};
 pub use transport::mem::MemNetwork;
 pub use transport::{FRAME_BYTES_MAX, PEER_QUEUE_MAX};

@@ -29,6 +29,7 @@ use palisade_storage::{OpenError, RaftLog, RaftLogError, ReadyWrite};
 use crate::config::{ConfigError, NodeConfig};
 use crate::leadership::{Leadership, Role};
 use crate::metrics::NodeMetrics;
+use crate::transport::faults::LinkFaults;
 use crate::transport::mem::MemNetwork;
 use crate::transport::{Delivery, PeerInbox, Transport};
 
@@ -262,16 +263,34 @@ async fn start(
     let mut tasks = JoinSet::new();
     let (tx, rx) = mpsc::channel(INBOX_MAX);
     let inbox = PeerInbox::new(tx.clone());
+    // Test faults exist only on the TCP transport; the in-memory one has its own cuts.
+    let faults = Arc::new(LinkFaults::new(
+        config.test_faults && matches!(transport, TransportSpec::Tcp),
+        id,
+        config.peers.keys().copied(),
+    ));
+    if faults.is_enabled() {
+        warn!(
+            node_id = id,
+            "test faults enabled (PALISADE_TEST_FAULTS): POST /v1/test/faults can drop or delay raft traffic"
+        );
+    }
     let (transport, peer_addr): (Box<dyn Transport>, Option<SocketAddr>) = match transport {
         TransportSpec::Tcp => {
-            let (t, addr) =
-                crate::transport::tcp::start(id, &config.peers, inbox, &shutdown, &mut tasks)
-                    .await
-                    .map_err(|source| StartError::Bind {
-                        what: "peer",
-                        addr: config.peers.get(&id).cloned().unwrap_or_default(),
-                        source,
-                    })?;
+            let (t, addr) = crate::transport::tcp::start(
+                id,
+                &config.peers,
+                inbox,
+                Arc::clone(&faults),
+                &shutdown,
+                &mut tasks,
+            )
+            .await
+            .map_err(|source| StartError::Bind {
+                what: "peer",
+                addr: config.peers.get(&id).cloned().unwrap_or_default(),
+                source,
+            })?;
             (Box::new(t), Some(addr))
         }
         TransportSpec::Memory(net) => (Box::new(net.attach(id, inbox)), None),
@@ -321,6 +340,7 @@ async fn start(
                         leadership: leadership_rx.clone(),
                         commands: commands.clone(),
                         metrics: metrics.clone(),
+                        faults: faults.is_enabled().then(|| Arc::clone(&faults)),
                     },
                     shutdown.clone(),
                 )

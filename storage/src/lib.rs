@@ -22,5 +22,5 @@ mod tables;
 pub use db::{OpenError, open_database};
 pub use fence::{Advance, AdvanceError, FenceRegister, SCOPES_MAX_DEFAULT};
 pub use objects::{OBJECT_BYTES_MAX_DEFAULT, Object, ObjectError, ObjectMeta, ObjectStore};
-pub use raftlog::{RaftLog, RaftLogError};
 pub use raftlog::ReadyWrite;
+pub use raftlog::{RaftLog, RaftLogError};

@@ -289,7 +289,11 @@ mod tests {
         };
         assert_eq!(
             objects.list("a/", 100).unwrap(),
-            vec![meta("a/1", 1, 3, 1), meta("a/2", 2, 1, 2), meta("a/3", 3, 4, 3)]
+            vec![
+                meta("a/1", 1, 3, 1),
+                meta("a/2", 2, 1, 2),
+                meta("a/3", 3, 4, 3)
+            ]
         );
         assert_eq!(
             objects.list("a/", 2).unwrap(),

@@ -8,11 +8,13 @@ use redb::TableDefinition;
 pub(crate) const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
 
 /// Embedded object store: key to `(token that wrote it, revision of the write, body bytes)`.
-pub(crate) const OBJECTS: TableDefinition<&str, (u64, u64, &[u8])> = TableDefinition::new("objects");
+pub(crate) const OBJECTS: TableDefinition<&str, (u64, u64, &[u8])> =
+    TableDefinition::new("objects");
 
 /// Embedded object store counters by name; `revision` is the last write's revision.
 /// Invariant: it only grows, by one per put.
-pub(crate) const OBJECT_COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("object_counters");
+pub(crate) const OBJECT_COUNTERS: TableDefinition<&str, u64> =
+    TableDefinition::new("object_counters");
 
 /// Raft log entries by index, each a protobuf-encoded `raft::eraftpb::Entry`.
 pub(crate) const RAFT_ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_entries");

@@ -4,7 +4,13 @@
 //!
 //! # Layout
 //! - `fixtures`: set-ups several proxy tests share.
-//! - `upstream`: the recording upstream, with per-path hold gates to keep a request in flight.
+//! - `upstream`: the recording upstream, with per-path hold gates to keep a request in
+//!   flight, per-prefix delays, and its apply log for the history checker.
+//! - `netns`: real partitions: nodes in network namespaces, cut off with nft drop rules
+//!   (root only).
+//! - `scenario`: fault scenarios: a cluster with test faults, the recording upstream, a
+//!   worker per node stopping at a failpoint on demand, the history of every write, and
+//!   term checks over a whole run.
 //! - re-exports of `palisade_cluster`'s `client` and `wait`, and a panicking `process`
 //!   facade over its launchers.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
@@ -12,6 +18,8 @@
 pub use palisade_cluster::{client, wait};
 
 pub mod fixtures;
+pub mod netns;
+pub mod scenario;
 pub mod upstream;
 
 /// Launchers that panic with the cause, for tests.

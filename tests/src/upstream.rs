@@ -3,12 +3,22 @@
 //!
 //! A test can hold requests for a path at the upstream ([`RecordingUpstream::hold`]):
 //! they arrive, wait at the gate, and are applied (recorded) only when released. That
-//! keeps a write in flight for as long as a test needs.
+//! keeps a write in flight for as long as a test needs. It can also delay every request
+//! under a path prefix ([`RecordingUpstream::delay`]), a slow storage, so a lower-token
+//! write is still in flight when a higher one arrives.
+//!
+//! Each applied write names itself for the history checker: scope (`Fencing-Scope`, else
+//! `default`), token (`Fencing-Token`), writer (`X-Writer`) and sequence number (`X-Seq`);
+//! [`RecordingUpstream::apply_log`] gives them in apply order.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use palisade_cluster::history;
+use palisade_cluster::worker::{SEQ_HEADER, WRITER_HEADER};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -31,6 +41,43 @@ pub struct Applied {
     pub token: Option<String>,
     /// The body.
     pub body: Bytes,
+    /// The `Fencing-Scope` header, if any.
+    pub scope: Option<String>,
+    /// The `X-Writer` header, if any.
+    pub writer: Option<String>,
+    /// The `X-Seq` header, if any.
+    pub seq: Option<String>,
+    /// When it arrived, on the upstream's logical clock (shared with `applied_at`).
+    pub arrived_at: u64,
+    /// When it was applied, on the same clock; 0 while it has only arrived.
+    pub applied_at: u64,
+}
+
+impl Applied {
+    /// Whether this is a write (POST, PUT, PATCH, DELETE).
+    pub fn is_write(&self) -> bool {
+        matches!(self.method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE")
+    }
+
+    /// This write as the history checker sees it. Missing or unreadable headers become
+    /// token 0, writer `?` and sequence 0, which the checker reports as a write no
+    /// client attempted (or one applied with another token).
+    pub fn to_history(&self) -> history::Applied {
+        history::Applied {
+            scope: self.scope.clone().unwrap_or_else(|| "default".to_owned()),
+            token: self
+                .token
+                .as_deref()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(0),
+            writer: self.writer.clone().unwrap_or_else(|| "?".to_owned()),
+            seq: self
+                .seq
+                .as_deref()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -40,6 +87,18 @@ struct State {
     gates: Mutex<HashMap<String, watch::Sender<bool>>>,
     /// Requests that arrived (whether or not yet applied), in arrival order.
     arrived: Mutex<Vec<Applied>>,
+    /// Path prefixes whose requests are delayed before being applied.
+    delays: Mutex<Vec<(String, Duration)>>,
+    /// The logical clock of arrivals and applications (starts at 1).
+    clock: std::sync::atomic::AtomicU64,
+}
+
+impl State {
+    fn tick(&self) -> u64 {
+        self.clock
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            .saturating_add(1)
+    }
 }
 
 /// A running recording upstream; stops when dropped.
@@ -103,6 +162,25 @@ impl RecordingUpstream {
         self.state.gates.lock().unwrap().insert(path.to_owned(), tx);
     }
 
+    /// The writes applied so far, in apply order, as the history checker takes them.
+    pub fn apply_log(&self) -> Vec<history::Applied> {
+        self.applied()
+            .iter()
+            .filter(|a| a.is_write())
+            .map(Applied::to_history)
+            .collect()
+    }
+
+    /// From now on, requests whose path starts with `prefix` wait `delay` after arriving
+    /// before they are applied (a slow storage). A zero delay removes the prefix's delay.
+    pub fn delay(&self, prefix: &str, delay: Duration) {
+        let mut delays = self.state.delays.lock().unwrap();
+        delays.retain(|(p, _)| p != prefix);
+        if !delay.is_zero() {
+            delays.push((prefix.to_owned(), delay));
+        }
+    }
+
     /// Lets held requests for `path` (and later ones) through.
     pub fn release(&self, path: &str) {
         if let Some(tx) = self.state.gates.lock().unwrap().remove(path) {
@@ -126,14 +204,22 @@ async fn handle(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("<non-ascii>").to_owned())
+    };
     let applied = Applied {
         method: parts.method.to_string(),
         path: path.clone(),
-        token: parts
-            .headers
-            .get("fencing-token")
-            .map(|v| v.to_str().unwrap_or("<non-ascii>").to_owned()),
+        token: header("fencing-token"),
         body,
+        scope: header("fencing-scope"),
+        writer: header(WRITER_HEADER),
+        seq: header(SEQ_HEADER),
+        arrived_at: state.tick(),
+        applied_at: 0,
     };
     state.arrived.lock().unwrap().push(applied.clone());
     let gate = state
@@ -145,7 +231,24 @@ async fn handle(
     if let Some(mut gate) = gate {
         let _ = gate.wait_for(|open| *open).await;
     }
-    state.applied.lock().unwrap().push(applied);
+    let delay = state
+        .delays
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(prefix, _)| parts.uri.path().starts_with(prefix.as_str()))
+        .map(|(_, d)| *d)
+        .max();
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    let mut applied = applied;
+    {
+        // Stamp and record under one lock, so apply order and clock order agree.
+        let mut log = state.applied.lock().unwrap();
+        applied.applied_at = state.tick();
+        log.push(applied);
+    }
     let mut response = Response::new(Full::new(Bytes::from_static(b"applied\n")));
     *response.status_mut() = StatusCode::OK;
     Ok(response)

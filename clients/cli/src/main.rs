@@ -4,6 +4,8 @@
 mod bench;
 mod client_cmds;
 mod demo;
+#[cfg(feature = "failpoints")]
+mod failpoints;
 mod node;
 mod proxy;
 
@@ -78,6 +80,16 @@ pub(crate) enum Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, cli.command.default_log_level());
+    // Failpoints exist only in builds with the `failpoints` feature (tests); see
+    // src/failpoints.rs. They stay configured until the process ends.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = match failpoints::setup() {
+        Ok(f) => f,
+        Err(msg) => {
+            eprintln!("palisade: {msg}");
+            return ExitCode::from(2);
+        }
+    };
     let worker_threads = cli.worker_threads.map_or_else(
         || std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
         usize::from,

@@ -26,6 +26,10 @@ use std::path::PathBuf;
 use palisade_election::{ConfigError, Node, NodeConfig, NodeError, StartError};
 use serde::Deserialize;
 
+/// The environment variable that enables the node API's test-fault route:
+/// `PALISADE_TEST_FAULTS=1`.
+pub const TEST_FAULTS_ENV: &str = "PALISADE_TEST_FAULTS";
+
 /// Flags of `palisade node`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct NodeArgs {
@@ -252,6 +256,7 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         priority: args.priority.or(file.priority).unwrap_or(defaults.priority),
         check_quorum: file.check_quorum.unwrap_or(defaults.check_quorum),
         pre_vote: file.pre_vote.unwrap_or(defaults.pre_vote),
+        test_faults: false,
     };
     config.validate()?;
     Ok(config)
@@ -276,7 +281,10 @@ async fn stop_signal() -> &'static str {
 /// Runs `palisade node` until SIGTERM/SIGINT (then hands leadership over and stops) or a
 /// fatal error.
 pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
-    let config = build_config(args)?;
+    let mut config = build_config(args)?;
+    // Test faults (drop or delay raft traffic per peer through `POST /v1/test/faults`)
+    // are for end-to-end tests only: no flag, no config key, only this variable.
+    config.test_faults = std::env::var_os(TEST_FAULTS_ENV).is_some_and(|v| v == "1");
     let mut node = Node::start(config).await.map_err(|e| match e {
         StartError::Config(c) => NodeCommandError::Config(c),
         other => NodeCommandError::Start(other),

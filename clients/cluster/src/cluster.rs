@@ -1,12 +1,13 @@
 //! A local cluster: `n` nodes and a proxy whose admin API they announce to.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::node::{Leadership, NodeProcess, NodeSpec};
+use crate::node::{Leadership, LinkFaults, NodeProcess, NodeSpec};
 use crate::proxy::ProxyProcess;
-use crate::{Result, free_port, wait};
+use crate::{ClusterError, Result, free_port, wait};
 
 /// How to start a cluster.
 #[derive(Debug, Clone)]
@@ -29,6 +30,44 @@ impl Default for ClusterSpec {
     }
 }
 
+/// Further choices when starting a cluster, beyond [`ClusterSpec`]. The default is what
+/// [`Cluster::start`] does.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Whether nodes announce their token to the proxy (`--announce`).
+    pub announce: bool,
+    /// Extra environment of every node (`PALISADE_TEST_FAULTS=1`).
+    pub node_env: Vec<(String, String)>,
+    /// Extra environment of the proxy (`FAILPOINTS=...`).
+    pub proxy_env: Vec<(String, String)>,
+    /// The address the proxy listens on (port chosen by the kernel).
+    pub proxy_host: IpAddr,
+    /// Where each node listens and how it is run, by position; empty: every node on
+    /// 127.0.0.1, run directly.
+    pub node_hosts: Vec<NodeHost>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            announce: true,
+            node_env: Vec::new(),
+            proxy_env: Vec::new(),
+            proxy_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            node_hosts: Vec::new(),
+        }
+    }
+}
+
+/// Where one node listens (raft and API) and the command that runs it.
+#[derive(Debug, Clone)]
+pub struct NodeHost {
+    /// Its address.
+    pub ip: IpAddr,
+    /// A command that runs the binary (`ip netns exec NS`); empty: run it directly.
+    pub prefix: Vec<String>,
+}
+
 /// Nodes and a proxy, each a real process, in one directory.
 pub struct Cluster {
     /// The proxy; every node announces its token to its admin API.
@@ -42,22 +81,57 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the proxy, then the nodes, in `dir`.
     pub fn start(dir: &Path, spec: &ClusterSpec) -> Result<Self> {
+        Self::start_with(dir, spec, &ClusterOptions::default())
+    }
+
+    /// Starts the proxy, then the nodes, in `dir`, with `options`.
+    pub fn start_with(dir: &Path, spec: &ClusterSpec, options: &ClusterOptions) -> Result<Self> {
         let proxy_dir = dir.join("proxy");
         let proxy_flags: Vec<&str> = spec.proxy_flags.iter().map(String::as_str).collect();
-        let proxy = ProxyProcess::start(&proxy_dir, &proxy_flags)?;
+        let proxy_env: Vec<(&str, &str)> = options
+            .proxy_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let any_port = std::net::SocketAddr::new(options.proxy_host, 0).to_string();
+        let proxy =
+            ProxyProcess::start_with(&proxy_dir, &any_port, &any_port, &proxy_flags, &proxy_env)?;
+        let host = |id: u64| -> Result<NodeHost> {
+            if options.node_hosts.is_empty() {
+                return Ok(NodeHost {
+                    ip: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    prefix: Vec::new(),
+                });
+            }
+            options
+                .node_hosts
+                .get(usize::try_from(id - 1).unwrap_or(usize::MAX))
+                .cloned()
+                .ok_or_else(|| ClusterError::Spawn {
+                    what: format!("node {id}"),
+                    source: std::io::Error::other("no NodeHost for this node"),
+                })
+        };
         let mut peers = BTreeMap::new();
         for id in 1..=spec.nodes as u64 {
-            peers.insert(id, ([127, 0, 0, 1], free_port()?).into());
+            peers.insert(id, (host(id)?.ip, free_port()?).into());
         }
         let mut nodes = Vec::with_capacity(spec.nodes);
         for id in 1..=spec.nodes as u64 {
+            let at = host(id)?;
             let node_spec = NodeSpec {
                 id,
                 peers: peers.clone(),
-                api: ([127, 0, 0, 1], free_port()?).into(),
+                api: (at.ip, free_port()?).into(),
                 data_dir: dir.join(format!("node-{id}")),
-                announce: vec![format!("http://{}", proxy.admin)],
+                announce: if options.announce {
+                    vec![format!("http://{}", proxy.admin)]
+                } else {
+                    Vec::new()
+                },
                 extra: spec.node_flags.clone(),
+                env: options.node_env.clone(),
+                prefix: at.prefix,
             };
             nodes.push(NodeProcess::start(node_spec, dir)?);
         }
@@ -66,6 +140,39 @@ impl Cluster {
             nodes,
             dir: dir.to_owned(),
         })
+    }
+
+    /// The raft ids of the nodes.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(NodeProcess::id).collect()
+    }
+
+    /// Cuts the nodes of `side` off from every other node, both ways, by test faults on
+    /// every node (each side drops what it sends to and receives from the other). The
+    /// proxy stays reachable from both sides. Needs `PALISADE_TEST_FAULTS=1` on the nodes.
+    pub async fn partition(&self, side: &[u64]) -> Result<()> {
+        let ids = self.ids();
+        for node in &self.nodes {
+            let mine = side.contains(&node.id());
+            let faults = LinkFaults {
+                drop: ids
+                    .iter()
+                    .copied()
+                    .filter(|&id| id != node.id() && side.contains(&id) != mine)
+                    .collect(),
+                ..LinkFaults::default()
+            };
+            node.set_faults(&faults).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes every test fault from every node.
+    pub async fn heal(&self) -> Result<()> {
+        for node in &self.nodes {
+            node.set_faults(&LinkFaults::default()).await?;
+        }
+        Ok(())
     }
 
     /// The node with raft id `id`.
@@ -92,11 +199,40 @@ impl Cluster {
     /// The established leader with the highest term among the answering nodes, skipping
     /// `except` (a paused node that may still believe it leads).
     pub async fn established_leader(&self, except: Option<u64>) -> Option<Leadership> {
-        self.leaderships()
-            .await
-            .into_values()
-            .filter(|l| Some(l.node_id) != except && l.token.is_some())
-            .max_by_key(|l| l.term)
+        // `except` is not even asked: a paused node would only cost a query timeout.
+        let mut best: Option<Leadership> = None;
+        for node in self.nodes.iter().filter(|n| Some(n.id()) != except) {
+            if let Some(l) = node.leadership().await
+                && l.token.is_some()
+                && best.as_ref().is_none_or(|b| l.term > b.term)
+            {
+                best = Some(l);
+            }
+        }
+        best
+    }
+
+    /// The established leader among the nodes `ids` when they have settled: every one of
+    /// them answers, exactly one holds a token, and every other follows it in its term.
+    pub async fn settled_leader(&self, ids: &[u64]) -> Option<Leadership> {
+        let all = self.leaderships().await;
+        let views: Vec<&Leadership> = ids.iter().filter_map(|id| all.get(id)).collect();
+        if views.len() != ids.len() {
+            return None;
+        }
+        let leaders: Vec<&&Leadership> = views.iter().filter(|l| l.token.is_some()).collect();
+        let [leader] = leaders.as_slice() else {
+            return None;
+        };
+        views
+            .iter()
+            .all(|l| {
+                l.node_id == leader.node_id
+                    || (l.term == leader.term
+                        && l.leader_id == leader.node_id
+                        && l.role == "follower")
+            })
+            .then(|| (**leader).clone())
     }
 
     /// Waits for an established leader whose term is above `above`, skipping `except`.

@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -43,8 +43,32 @@ pub fn palisade_bin() -> Result<PathBuf> {
     }
 }
 
-/// A child process that gets `SIGCONT` and `SIGKILL` when dropped, so a paused child
-/// never outlives its owner, even when a test panics.
+/// Checks that the `palisade` binary has the failpoints compiled in (the `failpoints`
+/// feature, which `cargo test --workspace` turns on): such a binary refuses an unknown
+/// name in `PALISADE_FAILPOINT_STOP` with exit 2 before doing anything, while one without
+/// ignores the variable. Probed with `palisade fence` against a closed port.
+pub fn require_failpoints() -> Result<()> {
+    let bin = palisade_bin()?;
+    let out = Command::new(&bin)
+        .args(["fence", "--admin", "http://127.0.0.1:1"])
+        .env("PALISADE_FAILPOINT_STOP", "no-such-failpoint")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| ClusterError::Spawn {
+            what: format!("{} (failpoint probe)", bin.display()),
+            source,
+        })?;
+    if out.status.code() == Some(2)
+        && String::from_utf8_lossy(&out.stderr).contains("no-such-failpoint")
+    {
+        Ok(())
+    } else {
+        Err(ClusterError::NoFailpoints(bin))
+    }
+}
+
+/// A child process that gets `SIGKILL` when dropped, so a child (paused or not) never
+/// outlives its owner, even when a test panics.
 pub struct ChildGuard {
     child: Option<Child>,
     pid: Pid,
@@ -97,10 +121,24 @@ impl ChildGuard {
         self.signal(Signal::SIGCONT)
     }
 
-    /// `kill -9`, and reap it. Does nothing if it is already gone.
+    /// Whether the kernel reports the process stopped (`T` in `/proc/PID/stat`): paused
+    /// by [`pause`](Self::pause), or stopped by itself at a failpoint.
+    pub fn is_stopped(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|stat| {
+                // `PID (COMM) STATE ...`: COMM may hold spaces, so split after the last ')'.
+                let (_, rest) = stat.rsplit_once(')')?;
+                rest.split_whitespace().next().map(|s| s == "T" || s == "t")
+            })
+            .unwrap_or(false)
+    }
+
+    /// `kill -9`, and reap it. Does nothing if it is already gone. A stopped process dies
+    /// where it stands: `SIGKILL` needs no `SIGCONT`, and one sent first would let it run
+    /// on for a moment (finish a reply it was stopped before, say).
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = kill(self.pid, Signal::SIGCONT);
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -164,10 +202,37 @@ impl Drop for ChildGuard {
     }
 }
 
+/// How to start a `palisade` child: its arguments, extra environment, and an optional
+/// command that runs it (`ip netns exec NS` for a node in a network namespace).
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Arguments after `palisade`.
+    pub args: Vec<String>,
+    /// Extra environment variables (`PALISADE_TEST_FAULTS=1`, `FAILPOINTS=...`).
+    pub env: Vec<(String, String)>,
+    /// A command and its arguments that run the binary, which must `exec` it so that the
+    /// child's pid is the binary's (as `ip netns exec` does); empty: run it directly.
+    pub prefix: Vec<String>,
+}
+
 /// Spawns `palisade <args>` with stderr to `log`, and waits for a stdout line containing
 /// `marker`. Returns the guard, that line, and a receiver of every later stdout line.
 pub fn spawn_until_line(
     args: &[String],
+    log: &Path,
+    marker: &str,
+    name: &str,
+) -> Result<(ChildGuard, String, mpsc::Receiver<String>)> {
+    let launch = Launch {
+        args: args.to_vec(),
+        ..Launch::default()
+    };
+    spawn_launch(&launch, log, marker, name)
+}
+
+/// [`spawn_until_line`] with extra environment and an optional command prefix.
+pub fn spawn_launch(
+    launch: &Launch,
     log: &Path,
     marker: &str,
     name: &str,
@@ -178,20 +243,28 @@ pub fn spawn_until_line(
         source,
     };
     let stderr = std::fs::File::create(log).map_err(|e| io_err("create the log file", e))?;
-    let mut child = Command::new(&bin)
-        .args(args)
+    let mut command = match launch.prefix.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(&bin);
+            c
+        }
+        None => Command::new(&bin),
+    };
+    command
+        .args(&launch.args)
         .env(
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         )
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .map_err(|source| ClusterError::Spawn {
-            what: format!("{name} ({})", bin.display()),
-            source,
-        })?;
+        .stderr(stderr);
+    let mut child = command.spawn().map_err(|source| ClusterError::Spawn {
+        what: format!("{name} ({})", bin.display()),
+        source,
+    })?;
     let stdout = child.stdout.take();
     let guard = ChildGuard::new(child, name, log.to_owned());
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -223,5 +296,57 @@ pub fn spawn_until_line(
                 log_tail: guard.log_tail(),
             })
         }
+    }
+}
+
+/// A child's stdout lines after its ready line, shareable between tasks.
+#[derive(Debug)]
+pub struct Lines(Mutex<mpsc::Receiver<String>>);
+
+impl Lines {
+    /// Wraps the receiver [`spawn_launch`] returned.
+    pub fn new(rx: mpsc::Receiver<String>) -> Self {
+        Self(Mutex::new(rx))
+    }
+
+    /// The next line if one has arrived, without waiting.
+    pub fn try_next(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .try_recv()
+            .ok()
+    }
+
+    /// Every line that has arrived, without waiting.
+    pub fn drain(&self) -> Vec<String> {
+        std::iter::from_fn(|| self.try_next()).collect()
+    }
+
+    /// Every remaining line of a child that has exited or been killed: waits (blocking,
+    /// up to `timeout`) until its stdout is closed and read to the end.
+    pub fn drain_to_end(&self, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        let rx = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::new();
+        loop {
+            match rx.try_recv() {
+                Ok(line) => out.push(line),
+                Err(mpsc::TryRecvError::Empty) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                // Closed and read to the end, or out of time.
+                Err(mpsc::TryRecvError::Disconnected | mpsc::TryRecvError::Empty) => return out,
+            }
+        }
+    }
+
+    /// Waits (asynchronously, polling) for a line containing `marker`, skipping others;
+    /// `None` after `timeout`.
+    pub async fn wait_for(&self, marker: &str, timeout: Duration) -> Option<String> {
+        crate::wait::poll(timeout, || async {
+            std::iter::from_fn(|| self.try_next()).find(|l| l.contains(marker))
+        })
+        .await
     }
 }

@@ -4,12 +4,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::process::{ChildGuard, spawn_until_line};
+use crate::process::{ChildGuard, Launch, Lines, spawn_launch};
 use crate::{ClusterError, Result};
 
 /// What the proxy prints on stdout once it listens:
 /// `palisade proxy listening on ADDR (admin ADDR)`.
 pub const READY_LINE: &str = "palisade proxy listening on";
+
+/// Attempts to start a restarted proxy on its old ports: right after a `kill -9` the
+/// kernel may still hold a port for a moment.
+const RESTART_ATTEMPTS: u32 = 20;
 
 /// A running `palisade proxy`.
 pub struct ProxyProcess {
@@ -21,45 +25,120 @@ pub struct ProxyProcess {
     pub admin: SocketAddr,
     /// Its data directory.
     pub data_dir: PathBuf,
+    /// Its directory (logs; data in `data/`).
+    dir: PathBuf,
+    /// How it was started, to restart it the same way.
+    launch: Launch,
+    /// Its stdout after the ready line (failpoint lines, for instance).
+    lines: Lines,
 }
 
 impl ProxyProcess {
     /// Starts a proxy on free loopback ports with its data in `dir/data` and its log in
     /// `dir` (created if missing). `extra` are further flags (`--upstream URL`, `--config FILE`, ...).
     pub fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
-        static STARTS: AtomicUsize = AtomicUsize::new(0);
+        Self::start_with(dir, "127.0.0.1:0", "127.0.0.1:0", extra, &[])
+    }
+
+    /// Starts a proxy listening on `listen` and `admin` (port 0: a free port), with extra
+    /// environment `env` (`FAILPOINTS`, `PALISADE_FAILPOINT_STOP`).
+    pub fn start_with(
+        dir: &Path,
+        listen: &str,
+        admin: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|source| ClusterError::Io {
             what: format!("create {}", dir.display()),
             source,
         })?;
         let data_dir = dir.join("data");
-        let mut args: Vec<String> = [
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ]
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+        let mut args: Vec<String> = ["proxy", "--listen", listen, "--admin-listen", admin]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        args.push("--data-dir".to_owned());
         args.push(data_dir.display().to_string());
         args.extend(extra.iter().map(ToString::to_string));
-        let n = STARTS.fetch_add(1, Ordering::Relaxed);
-        let log = dir.join(format!("proxy-{n}.log"));
-        let (guard, line, _) = spawn_until_line(&args, &log, READY_LINE, "proxy")?;
-        let (addr, admin) = parse_ready_line(&line).ok_or_else(|| ClusterError::NotReady {
-            what: format!("proxy (unreadable ready line {line:?})"),
-            timeout_ms: 0,
-            log_tail: guard.log_tail(),
-        })?;
+        let launch = Launch {
+            args,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            prefix: Vec::new(),
+        };
+        let (guard, addr, admin, lines) = Self::spawn(dir, &launch)?;
         Ok(Self {
             guard,
             addr,
             admin,
             data_dir,
+            dir: dir.to_owned(),
+            launch,
+            lines,
         })
+    }
+
+    fn spawn(dir: &Path, launch: &Launch) -> Result<(ChildGuard, SocketAddr, SocketAddr, Lines)> {
+        static STARTS: AtomicUsize = AtomicUsize::new(0);
+        let n = STARTS.fetch_add(1, Ordering::Relaxed);
+        let log = dir.join(format!("proxy-{n}.log"));
+        let (guard, line, lines) = spawn_launch(launch, &log, READY_LINE, "proxy")?;
+        let (addr, admin) = parse_ready_line(&line).ok_or_else(|| ClusterError::NotReady {
+            what: format!("proxy (unreadable ready line {line:?})"),
+            timeout_ms: 0,
+            log_tail: guard.log_tail(),
+        })?;
+        Ok((guard, addr, admin, Lines::new(lines)))
+    }
+
+    /// `kill -9`s the proxy (if running) and starts it again on the same data directory
+    /// and the same ports (so the nodes' `--announce` URLs still reach it), with the same
+    /// flags and the environment `env` instead of the first start's.
+    pub fn restart_with_env(&mut self, env: &[(&str, &str)]) -> Result<()> {
+        self.guard.kill9();
+        let mut launch = self.launch.clone();
+        for (i, flag) in [(2, self.addr), (4, self.admin)] {
+            if let Some(arg) = launch.args.get_mut(i) {
+                *arg = flag.to_string();
+            }
+        }
+        launch.env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let mut attempt = 0;
+        let (guard, addr, admin, lines) = loop {
+            attempt += 1;
+            match Self::spawn(&self.dir, &launch) {
+                Ok(started) => break started,
+                // The old ports may still be held for a moment after the kill.
+                Err(ClusterError::NotReady { log_tail, .. })
+                    if attempt < RESTART_ATTEMPTS && log_tail.contains("ddress already in use") =>
+                {
+                    std::thread::sleep(crate::wait::POLL * 5);
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.guard = guard;
+        self.addr = addr;
+        self.admin = admin;
+        self.lines = lines;
+        self.launch = launch;
+        Ok(())
+    }
+
+    /// [`restart_with_env`](Self::restart_with_env) with no extra environment.
+    pub fn restart(&mut self) -> Result<()> {
+        self.restart_with_env(&[])
+    }
+
+    /// Its stdout lines after the ready line (for instance a failpoint's stop line).
+    pub fn lines(&self) -> &Lines {
+        &self.lines
     }
 
     /// `http://ADDR` + `path` on the client listener.

@@ -382,6 +382,20 @@ impl FencedClient {
                 None
             };
             let http_request = self.build_request(&request, uri.clone(), token)?;
+            // Failpoint (compiled in only with the `failpoints` feature): between reading
+            // the token and sending the write, the window in which a GC pause makes a
+            // leader stale. `return` fails the write unsent; tests also stop the whole
+            // process here (see the README's Tests section).
+            fail::fail_point!("client-before-send", fenced, |arg: Option<String>| {
+                Err(ClientError::Unreachable {
+                    url: self.base.as_str(),
+                    attempts: attempt,
+                    reason: format!(
+                        "failpoint client-before-send returned {}",
+                        arg.unwrap_or_default()
+                    ),
+                })
+            });
             tracing::debug!(attempt, token, "sending");
             let outcome = match self
                 .transport

@@ -106,10 +106,10 @@
 #![deny(missing_docs)]
 
 mod admin;
-#[cfg(feature = "election")]
-mod handle_source;
 mod client;
 mod error;
+#[cfg(feature = "election")]
+mod handle_source;
 mod http;
 mod node;
 mod node_source;

@@ -6,8 +6,11 @@
 //! messages reach the loop through its inbox ([`PeerInbox`]) after [`check_inbound`].
 //!
 //! Two transports exist: [`tcp`], the real one, and [`mem`], an in-process network with
-//! per-link drops and partitions for deterministic tests.
+//! per-link drops and partitions for deterministic tests. The TCP transport can also drop
+//! or delay traffic per peer at runtime ([`faults`]) for end-to-end tests of real
+//! processes; that is off unless the node is started with test faults.
 
+pub mod faults;
 pub mod mem;
 pub(crate) mod tcp;
 

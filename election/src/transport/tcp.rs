@@ -10,6 +10,9 @@
 //! Only configured ids are accepted, and every message must name the connection's peer as
 //! sender and this node as recipient. There is no authentication beyond that: run peers on
 //! a trusted network.
+//!
+//! Test faults ([`super::faults`]) hook in at two places: the send path (drop, or stamp a
+//! due time that the writer waits for) and the reader (drop what a cut-off peer sent).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -28,6 +31,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
+use super::faults::{LinkFaults, Outbound};
 use super::{
     Delivery, FRAME_BYTES_MAX, Hello, PEER_QUEUE_MAX, PROTOCOL_VERSION, PeerFrame, PeerInbox,
     Transport, check_inbound, encode_raft,
@@ -51,15 +55,23 @@ pub const PEER_BATCH_MAX: usize = 64;
 /// Largest [`Hello`] frame, in bytes (it is three small integers).
 const HELLO_BYTES_MAX: usize = 64;
 
+/// A message queued for a peer's writer.
+struct Outgoing {
+    msg: Message,
+    /// Not to be written before this instant (a test delay); `None` almost always.
+    due: Option<tokio::time::Instant>,
+}
+
 /// One peer's writer: its queue and whether it is connected now.
 struct PeerLink {
-    queue: mpsc::Sender<Message>,
+    queue: mpsc::Sender<Outgoing>,
     connected: Arc<AtomicBool>,
 }
 
 /// The TCP transport of one node.
 pub(crate) struct TcpTransport {
     links: HashMap<u64, PeerLink>,
+    faults: Arc<LinkFaults>,
 }
 
 impl Transport for TcpTransport {
@@ -70,7 +82,13 @@ impl Transport for TcpTransport {
         if !link.connected.load(Ordering::Acquire) {
             return Delivery::Unreachable;
         }
-        match link.queue.try_send(msg) {
+        let due = match self.faults.outbound(msg.to) {
+            Outbound::Pass => None,
+            // A black hole: raft is told nothing, as with a real partition at first.
+            Outbound::Drop => return Delivery::Queued,
+            Outbound::Delay(delay) => Some(tokio::time::Instant::now() + delay),
+        };
+        match link.queue.try_send(Outgoing { msg, due }) {
             Ok(()) => Delivery::Queued,
             Err(_) => Delivery::Unreachable,
         }
@@ -83,6 +101,7 @@ pub(crate) async fn start(
     id: u64,
     peers: &BTreeMap<u64, String>,
     inbox: PeerInbox,
+    faults: Arc<LinkFaults>,
     shutdown: &CancellationToken,
     tasks: &mut JoinSet<()>,
 ) -> io::Result<(TcpTransport, SocketAddr)> {
@@ -93,8 +112,15 @@ pub(crate) async fn start(
     let local = listener.local_addr()?;
     let known: Vec<u64> = peers.keys().copied().collect();
     tasks.spawn(
-        run_listener(listener, id, known, inbox, shutdown.clone())
-            .instrument(info_span!("peer_listener", node_id = id)),
+        run_listener(
+            listener,
+            id,
+            known,
+            inbox,
+            Arc::clone(&faults),
+            shutdown.clone(),
+        )
+        .instrument(info_span!("peer_listener", node_id = id)),
     );
     let mut links = HashMap::new();
     for (&peer, addr) in peers.iter().filter(|(p, _)| **p != id) {
@@ -119,7 +145,7 @@ pub(crate) async fn start(
             },
         );
     }
-    Ok((TcpTransport { links }, local))
+    Ok((TcpTransport { links, faults }, local))
 }
 
 async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, body: &[u8]) -> io::Result<()> {
@@ -189,7 +215,7 @@ async fn run_writer(
     id: u64,
     peer: u64,
     addr: String,
-    mut rx: mpsc::Receiver<Message>,
+    mut rx: mpsc::Receiver<Outgoing>,
     connected: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) {
@@ -222,28 +248,48 @@ async fn run_writer(
         was_connected = true;
         connected.store(true, Ordering::Release);
         let mut probe = [0u8; 1];
+        // A delayed message taken from the queue but not yet due: it starts the next batch.
+        let mut next: Option<Outgoing> = None;
         loop {
-            let first = tokio::select! {
-                () = shutdown.cancelled() => {
-                    connected.store(false, Ordering::Release);
-                    return;
-                }
-                m = rx.recv() => match m {
-                    Some(m) => m,
-                    None => return,
-                },
-                // The peer never writes on this connection: any read result means it was
-                // closed (the peer restarted or died), so reconnect now rather than at the
-                // next failed write, which would lose that message.
-                _ = r.read(&mut probe) => {
-                    debug!(peer_id = peer, "peer closed the connection");
-                    break;
+            let first = if let Some(m) = next.take() {
+                m
+            } else {
+                tokio::select! {
+                    () = shutdown.cancelled() => {
+                        connected.store(false, Ordering::Release);
+                        return;
+                    }
+                    m = rx.recv() => match m {
+                        Some(m) => m,
+                        None => return,
+                    },
+                    // The peer never writes on this connection: any read result means it
+                    // was closed (the peer restarted or died), so reconnect now rather than
+                    // at the next failed write, which would lose that message.
+                    _ = r.read(&mut probe) => {
+                        debug!(peer_id = peer, "peer closed the connection");
+                        break;
+                    }
                 }
             };
-            batch.push(first);
+            if let Some(due) = first.due {
+                // A test delay: wait for the message's due time, in queue order.
+                tokio::select! {
+                    () = shutdown.cancelled() => {
+                        connected.store(false, Ordering::Release);
+                        return;
+                    }
+                    () = tokio::time::sleep_until(due) => {}
+                }
+            }
+            batch.push(first.msg);
             while batch.len() < PEER_BATCH_MAX {
                 match rx.try_recv() {
-                    Ok(m) => batch.push(m),
+                    Ok(m) if m.due.is_some_and(|d| d > tokio::time::Instant::now()) => {
+                        next = Some(m);
+                        break;
+                    }
+                    Ok(m) => batch.push(m.msg),
                     Err(_) => break,
                 }
             }
@@ -318,6 +364,7 @@ async fn run_listener(
     id: u64,
     known: Vec<u64>,
     inbox: PeerInbox,
+    faults: Arc<LinkFaults>,
     shutdown: CancellationToken,
 ) {
     let permits = Arc::new(Semaphore::new(PEER_CONNECTIONS_MAX));
@@ -347,6 +394,7 @@ async fn run_listener(
             id,
             known: known.clone(),
             inbox: inbox.clone(),
+            faults: Arc::clone(&faults),
             shutdown: shutdown.clone(),
             current: current.clone(),
         };
@@ -367,6 +415,7 @@ struct ReaderCtx {
     id: u64,
     known: Vec<u64>,
     inbox: PeerInbox,
+    faults: Arc<LinkFaults>,
     shutdown: CancellationToken,
     current: Current,
 }
@@ -440,6 +489,9 @@ async fn read_connection(stream: TcpStream, ctx: &ReaderCtx) -> io::Result<()> {
         }
         let msg = check_inbound(&frame.payload, peer, ctx.id)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        if ctx.faults.drops_from(peer) {
+            continue;
+        }
         if !ctx.inbox.deliver(msg).await {
             return Ok(());
         }

@@ -232,7 +232,7 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
         );
         Ok(())
     } else {
-        println!("  verdict: VIOLATED");
+        println!("  verdict: VIOLATED. {}", verdict.report.summary());
         for v in &verdict.violations {
             println!("    - {v}");
         }
@@ -289,9 +289,10 @@ impl Demo {
                 let Ok(event) = serde_json::from_str::<Event>(&line) else {
                     continue;
                 };
+                event.record(&format!("w{id}"), &mut self.observed.recorder);
                 match event {
                     Event::Ready => {}
-                    Event::Holding { token } => {
+                    Event::Holding { token, .. } => {
                         worker.holding = Some(token);
                         worker.finished_job = false;
                     }
@@ -299,9 +300,9 @@ impl Demo {
                         key,
                         token,
                         revision,
+                        ..
                     } => {
                         worker.finished_job = true;
-                        self.observed.acknowledged.insert(key.clone(), token);
                         self.writers
                             .entry(token)
                             .or_default()
@@ -315,16 +316,16 @@ impl Demo {
                         key,
                         token,
                         current,
+                        ..
                     } => {
                         worker.finished_job = true;
-                        self.observed.rejected.insert(key.clone(), token);
                         let line = format!(
                             "worker {id}'s write {key} with token {token} rejected: 409, the proxy's fence is {current}"
                         );
                         self.rejections.push(line.clone());
                         said.push(("REJECTED".to_owned(), line));
                     }
-                    Event::NotLeader { key, token } => {
+                    Event::NotLeader { key, token, .. } => {
                         worker.finished_job = true;
                         said.push((
                             format!("worker {id}"),
@@ -333,7 +334,9 @@ impl Demo {
                             ),
                         ));
                     }
-                    Event::Failed { key, token, cause } => {
+                    Event::Failed {
+                        key, token, cause, ..
+                    } => {
                         worker.finished_job = true;
                         said.push((
                             format!("worker {id}"),

@@ -1,8 +1,12 @@
-//! The demo's verdict: checks the ledger as the store applied it against what the
-//! workers were told.
+//! The demo's verdict: the ledger as the store applied it, against what the workers were
+//! told, through the history checker of `palisade-cluster` (the one the fault tests use),
+//! plus the demo's own requirement that the paused leader's stale write was seen rejected.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+
+use palisade_cluster::history::{self, Applied, History, Outcome, Recorder, Report};
+use palisade_cluster::worker::{LEDGER_PREFIX, WORKER_SCOPE};
 
 /// One ledger entry as the store holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,13 +17,30 @@ pub(crate) struct Entry {
     pub revision: u64,
 }
 
+impl Entry {
+    /// The entry as an applied write: writer and sequence number from the key
+    /// (`ledger/<writer>-<seq>`). A key of another shape keeps its whole text as the
+    /// writer, so the checker reports it as a write no worker attempted.
+    fn applied(&self) -> Applied {
+        let name = self.key.strip_prefix(LEDGER_PREFIX).unwrap_or(&self.key);
+        let (writer, seq) = name
+            .rsplit_once('-')
+            .and_then(|(w, s)| Some((w, s.parse().ok()?)))
+            .unwrap_or((self.key.as_str(), 0));
+        Applied {
+            scope: WORKER_SCOPE.to_owned(),
+            token: self.token,
+            writer: writer.to_owned(),
+            seq,
+        }
+    }
+}
+
 /// What the demo observed around the pause.
 #[derive(Debug, Default)]
 pub(crate) struct Observed {
-    /// Keys whose write a worker saw accepted, with the token it used.
-    pub acknowledged: BTreeMap<String, u64>,
-    /// Keys whose write a worker saw rejected with 409, with the token it used.
-    pub rejected: BTreeMap<String, u64>,
+    /// Every write a worker attempted, with the outcome it reported.
+    pub recorder: Recorder,
     /// The paused leader's token.
     pub old_token: u64,
     /// The first token above it that an established leader claimed.
@@ -34,6 +55,8 @@ pub(crate) struct Verdict {
     pub per_token: BTreeMap<u64, usize>,
     /// Whether the paused leader's stale write was rejected.
     pub stale_write_rejected: bool,
+    /// The history checker's report.
+    pub report: Report,
 }
 
 impl Verdict {
@@ -42,63 +65,28 @@ impl Verdict {
     }
 }
 
-/// Checks, on the ledger in apply order:
-/// 1. tokens never decrease;
-/// 2. no write with the paused leader's token landed after the first write with a higher one;
-/// 3. every acknowledged write is in the ledger with its token;
-/// 4. no rejected write is in the ledger;
-/// 5. the paused leader's stale write was attempted and rejected (what the demo shows).
+/// Checks the ledger in apply order with the history checker (tokens never decrease; no
+/// write with a lower token landed after a higher one; every acknowledged write is stored
+/// with its token; no rejected write is), then that the paused leader's stale write was
+/// attempted and rejected (what the demo shows).
+///
+/// The store keeps one entry per key and each job writes its own key, so a write applied
+/// twice would not show here; the fault tests, on a recording upstream, see that too.
 pub(crate) fn check(ledger: &[Entry], observed: &Observed) -> Verdict {
     let mut ledger = ledger.to_vec();
     ledger.sort_by_key(|e| e.revision);
-    let mut violations = Vec::new();
+    let history = History {
+        ops: observed.recorder.ops(),
+        applied: ledger.iter().map(Entry::applied).collect(),
+    };
+    let report = history::check(&history);
+    let mut violations: Vec<String> = report.violations.iter().map(ToString::to_string).collect();
 
-    for pair in ledger.windows(2) {
-        if pair[1].token < pair[0].token {
-            violations.push(format!(
-                "token went down: {} (token {}, revision {}) applied after {} (token {}, revision {})",
-                pair[1].key, pair[1].token, pair[1].revision, pair[0].key, pair[0].token, pair[0].revision
-            ));
-        }
-    }
-
-    if let Some(first_new) = ledger.iter().find(|e| e.token > observed.old_token) {
-        for late in ledger
-            .iter()
-            .filter(|e| e.token <= observed.old_token && e.revision > first_new.revision)
-        {
-            violations.push(format!(
-                "write {} with old token {} landed at revision {}, after token {} at revision {}",
-                late.key, late.token, late.revision, first_new.token, first_new.revision
-            ));
-        }
-    }
-
-    let stored: BTreeMap<&str, &Entry> = ledger.iter().map(|e| (e.key.as_str(), e)).collect();
-    for (key, token) in &observed.acknowledged {
-        match stored.get(key.as_str()) {
-            Some(e) if e.token == *token => {}
-            Some(e) => violations.push(format!(
-                "acknowledged write {key} with token {token} is stored with token {}",
-                e.token
-            )),
-            None => violations.push(format!(
-                "acknowledged write {key} (token {token}) is missing"
-            )),
-        }
-    }
-    for (key, token) in &observed.rejected {
-        if stored.contains_key(key.as_str()) {
-            violations.push(format!(
-                "rejected write {key} (token {token}) is in the ledger"
-            ));
-        }
-    }
-
-    let stale_write_rejected = observed
-        .rejected
-        .values()
-        .any(|&t| t == observed.old_token && observed.new_token.is_some_and(|n| n > t));
+    let stale_write_rejected = history.ops.iter().any(|op| {
+        op.outcome == Outcome::Rejected
+            && op.token == observed.old_token
+            && observed.new_token.is_some_and(|n| n > op.token)
+    });
     if !stale_write_rejected {
         violations.push(format!(
             "no write with the paused leader's token {} was seen rejected",
@@ -106,14 +94,16 @@ pub(crate) fn check(ledger: &[Entry], observed: &Observed) -> Verdict {
         ));
     }
 
-    let mut per_token = BTreeMap::new();
-    for e in &ledger {
-        *per_token.entry(e.token).or_insert(0) += 1;
-    }
+    let per_token = report
+        .per_token
+        .iter()
+        .map(|((_, token), count)| (*token, *count))
+        .collect();
     Verdict {
         violations,
         per_token,
         stale_write_rejected,
+        report,
     }
 }
 
@@ -136,22 +126,35 @@ pub(crate) fn per_token_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use palisade_cluster::history::Op;
 
-    fn entry(key: &str, token: u64, revision: u64) -> Entry {
+    /// A ledger entry for writer `w`, job `seq`.
+    fn entry(w: &str, seq: u64, token: u64, revision: u64) -> Entry {
         Entry {
-            key: key.to_owned(),
+            key: format!("{LEDGER_PREFIX}{w}-{seq:06}"),
             token,
             revision,
         }
     }
 
-    fn observed(acked: &[(&str, u64)], rejected: &[(&str, u64)]) -> Observed {
+    fn op(w: &str, seq: u64, token: u64, outcome: Outcome) -> Op {
+        Op {
+            scope: WORKER_SCOPE.to_owned(),
+            token,
+            writer: w.to_owned(),
+            seq,
+            outcome,
+        }
+    }
+
+    /// Old token 2 (worker w1), new token 3 (worker w2).
+    fn observed(ops: &[Op]) -> Observed {
+        let mut recorder = Recorder::default();
+        for op in ops {
+            recorder.record(op.clone());
+        }
         Observed {
-            acknowledged: acked.iter().map(|(k, t)| ((*k).to_owned(), *t)).collect(),
-            rejected: rejected
-                .iter()
-                .map(|(k, t)| ((*k).to_owned(), *t))
-                .collect(),
+            recorder,
             old_token: 2,
             new_token: Some(3),
         }
@@ -159,51 +162,107 @@ mod tests {
 
     #[test]
     fn a_clean_failover_holds() {
-        let ledger = [entry("a", 2, 1), entry("b", 2, 2), entry("c", 3, 3)];
+        let ledger = [
+            entry("w1", 1, 2, 1),
+            entry("w1", 2, 2, 2),
+            entry("w2", 1, 3, 3),
+        ];
         let v = check(
             &ledger,
-            &observed(&[("a", 2), ("b", 2), ("c", 3)], &[("d", 2)]),
+            &observed(&[
+                op("w1", 1, 2, Outcome::Ok),
+                op("w1", 2, 2, Outcome::Ok),
+                op("w2", 1, 3, Outcome::Ok),
+                op("w1", 3, 2, Outcome::Rejected),
+            ]),
         );
         assert!(v.holds(), "{:?}", v.violations);
         assert_eq!(v.per_token, BTreeMap::from([(2, 2), (3, 1)]));
+        assert_eq!(v.report.ops(), 4);
     }
 
     #[test]
     fn a_stale_write_after_the_new_token_is_caught() {
-        let ledger = [entry("a", 2, 1), entry("c", 3, 2), entry("d", 2, 3)];
+        let ledger = [
+            entry("w1", 1, 2, 1),
+            entry("w2", 1, 3, 2),
+            entry("w1", 2, 2, 3),
+        ];
         let v = check(
             &ledger,
-            &observed(&[("a", 2), ("c", 3), ("d", 2)], &[("x", 2)]),
+            &observed(&[
+                op("w1", 1, 2, Outcome::Ok),
+                op("w2", 1, 3, Outcome::Ok),
+                op("w1", 2, 2, Outcome::Ok),
+                op("w1", 3, 2, Outcome::Rejected),
+            ]),
         );
         assert!(!v.holds());
-        assert!(v.violations.iter().any(|m| m.contains("token went down")));
         assert!(
             v.violations
                 .iter()
-                .any(|m| m.contains("landed at revision 3"))
+                .any(|m| m.starts_with("applied token went down")),
+            "{:?}",
+            v.violations
+        );
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.starts_with("lower token landed after a higher one")
+                    && m.contains("w1#2 (token 2) applied at position 2")),
+            "{:?}",
+            v.violations
         );
     }
 
     #[test]
     fn lost_and_rejected_but_applied_writes_are_caught() {
-        let ledger = [entry("a", 2, 1), entry("d", 3, 2)];
+        let ledger = [entry("w1", 1, 2, 1), entry("w1", 3, 2, 2)];
         let v = check(
             &ledger,
-            &observed(&[("a", 2), ("b", 2)], &[("d", 2), ("x", 2)]),
+            &observed(&[
+                op("w1", 1, 2, Outcome::Ok),
+                op("w1", 2, 2, Outcome::Ok),
+                op("w1", 3, 2, Outcome::Rejected),
+            ]),
         );
         assert!(
             v.violations
                 .iter()
-                .any(|m| m.contains("b (token 2) is missing"))
+                .any(|m| m.contains("acknowledged write w1#2") && m.contains("never applied")),
+            "{:?}",
+            v.violations
         );
-        assert!(v.violations.iter().any(|m| m.contains("rejected write d")));
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.starts_with("rejected write w1#3")),
+            "{:?}",
+            v.violations
+        );
     }
 
     #[test]
     fn no_rejection_seen_means_the_demo_did_not_show_fencing() {
-        let ledger = [entry("a", 2, 1), entry("c", 3, 2)];
-        let v = check(&ledger, &observed(&[("a", 2), ("c", 3)], &[]));
+        let ledger = [entry("w1", 1, 2, 1), entry("w2", 1, 3, 2)];
+        let v = check(
+            &ledger,
+            &observed(&[op("w1", 1, 2, Outcome::Ok), op("w2", 1, 3, Outcome::Ok)]),
+        );
         assert!(!v.stale_write_rejected);
         assert!(!v.holds());
+    }
+
+    #[test]
+    fn keys_name_their_writer_and_job() {
+        let a = entry("w12", 7, 4, 1).applied();
+        assert_eq!((a.writer.as_str(), a.seq, a.token), ("w12", 7, 4));
+        let odd = Entry {
+            key: "elsewhere".to_owned(),
+            token: 1,
+            revision: 1,
+        }
+        .applied();
+        assert_eq!((odd.writer.as_str(), odd.seq), ("elsewhere", 0));
     }
 }

@@ -8,20 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use palisade_client::{ClientError, FencedClient, NodeApiSource, TokenSource};
-use serde::{Deserialize, Serialize};
+use palisade_client::{ClientError, FencedClient, FencedRequest, NodeApiSource, TokenSource};
+pub(crate) use palisade_cluster::worker::{
+    Event, LEDGER_PREFIX, READY_LINE, SEQ_HEADER, WRITER_HEADER,
+};
 
 use crate::Failure;
 
-/// The line a worker prints once it is running.
-pub(crate) const READY_LINE: &str = "palisade demo-worker ready";
-/// Ledger keys start with this.
-pub(crate) const LEDGER_PREFIX: &str = "ledger/";
-/// How long one job works between reading its token and writing: the window in which a
-/// GC pause makes a leader stale.
+/// How long one job works between reading its token and writing, by default: the window
+/// in which a GC pause makes a leader stale.
 const JOB_MS: u64 = 300;
 
-/// Run one demo worker (used by `palisade demo`).
+/// Run one demo worker (used by `palisade demo` and the fault tests).
 #[derive(Args)]
 pub(crate) struct WorkerArgs {
     /// The node's API base URL.
@@ -30,39 +28,15 @@ pub(crate) struct WorkerArgs {
     /// The proxy's base URL.
     #[arg(long)]
     proxy: String,
-    /// This worker's name, used in ledger keys.
+    /// This worker's name, used in ledger keys and sent as `X-Writer`.
     #[arg(long)]
     name: String,
-}
-
-/// What a worker reports.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "kebab-case")]
-pub(crate) enum Event {
-    /// Running.
-    Ready,
-    /// Started a job holding `token`.
-    Holding { token: u64 },
-    /// The job's write was accepted.
-    Wrote {
-        key: String,
-        token: u64,
-        revision: u64,
-    },
-    /// The proxy rejected the job's write as stale.
-    Rejected {
-        key: String,
-        token: u64,
-        current: u64,
-    },
-    /// The client refused to send: the token is known to be fenced out.
-    NotLeader { key: String, token: u64 },
-    /// Anything else.
-    Failed {
-        key: String,
-        token: u64,
-        cause: String,
-    },
+    /// Milliseconds a job works between reading its token and writing.
+    #[arg(long, default_value_t = JOB_MS)]
+    job_ms: u64,
+    /// Retries of a failed write (the client's default when absent).
+    #[arg(long)]
+    retries: Option<u32>,
 }
 
 fn emit(event: &Event) {
@@ -84,15 +58,28 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), Failure> {
         };
         seq += 1;
         let key = format!("{LEDGER_PREFIX}{}-{seq:06}", args.name);
-        emit(&Event::Holding { token });
+        emit(&Event::Holding {
+            key: key.clone(),
+            seq,
+            token,
+        });
         // The job: charging the subscription takes a while. A pause here, after the token
         // was read and before the write, is exactly the case fencing exists for.
-        tokio::time::sleep(Duration::from_millis(JOB_MS)).await;
+        tokio::time::sleep(Duration::from_millis(args.job_ms)).await;
         let body = serde_json::json!({"worker": args.name, "seq": seq, "token": token}).to_string();
         // The write carries the token the job started with, as a real job's would.
-        let client = FencedClient::with_token(&args.proxy, token)
-            .map_err(|e| Failure::Usage(e.to_string()))?;
-        let event = match client.put(&key, body).await {
+        let mut builder = FencedClient::builder(
+            &args.proxy,
+            Arc::new(palisade_client::StaticToken::new(token)),
+        );
+        if let Some(retries) = args.retries {
+            builder = builder.retries(retries);
+        }
+        let client = builder.build().map_err(|e| Failure::Usage(e.to_string()))?;
+        let request = FencedRequest::put(&key, body)
+            .header(WRITER_HEADER, &args.name)
+            .header(SEQ_HEADER, &seq.to_string());
+        let event = match client.send(request).await {
             Ok(response) => {
                 let revision = serde_json::from_slice::<serde_json::Value>(&response.body)
                     .ok()
@@ -100,6 +87,7 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), Failure> {
                     .unwrap_or(0);
                 Event::Wrote {
                     key,
+                    seq,
                     token,
                     revision,
                 }
@@ -110,14 +98,20 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), Failure> {
                 source.mark_not_leader(current);
                 Event::Rejected {
                     key,
+                    seq,
                     token,
                     current,
                 }
             }
-            Err(ClientError::NotLeader { .. }) => Event::NotLeader { key, token },
+            Err(ClientError::NotLeader { .. }) => Event::NotLeader { key, seq, token },
             Err(e) => Event::Failed {
                 key,
+                seq,
                 token,
+                // A 5xx may come after the upstream applied the write (a broken upstream
+                // answer, a proxy failing after forwarding): count it as unknown.
+                indeterminate: e.is_indeterminate()
+                    || e.status().is_some_and(|s| s.is_server_error()),
                 cause: e.to_string(),
             },
         };

@@ -1,0 +1,187 @@
+//! The in-flight race: the old leader's writes are still on their way to a slow storage
+//! when the new leader's first write arrives at the proxy. The proxy must not let the
+//! higher token overtake them: the storage applies them in token order. Real processes
+//! (three nodes announcing to a proxy) in front of the recording upstream, which delays
+//! the old leader's writes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
+
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use palisade_cluster::client::{Answer, try_send_within};
+use palisade_cluster::history::Outcome;
+use palisade_cluster::worker::{SEQ_HEADER, WRITER_HEADER};
+use palisade_tests::scenario::{ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec};
+use palisade_tests::wait;
+
+/// How long the storage takes to apply each of the old leader's writes: long enough for
+/// a leadership transfer and the new leader's write to happen meanwhile, short enough to
+/// stay under the proxy's barrier deadline (5 s).
+const SLOW_APPLY: Duration = Duration::from_millis(2500);
+/// The old leader's writes in flight.
+const OLD_WRITES: u64 = 3;
+
+/// A fenced PUT with the writer's name and sequence number.
+async fn write(
+    proxy: &str,
+    path: &str,
+    token: u64,
+    writer: &str,
+    seq: u64,
+) -> palisade_cluster::Result<Answer> {
+    let (t, q) = (token.to_string(), seq.to_string());
+    try_send_within(
+        Method::PUT,
+        &format!("{proxy}{path}"),
+        &[
+            ("fencing-token", &t),
+            (WRITER_HEADER, writer),
+            (SEQ_HEADER, &q),
+        ],
+        format!("{writer} {seq}"),
+        STEP_TIMEOUT,
+    )
+    .await
+}
+
+fn outcome(answer: &palisade_cluster::Result<Answer>) -> Outcome {
+    match answer {
+        Ok(a) if a.status.is_success() => Outcome::Ok,
+        Ok(a) if a.status == StatusCode::CONFLICT => Outcome::Rejected,
+        Ok(a) if a.status.is_client_error() => Outcome::Failed,
+        _ => Outcome::Indeterminate,
+    }
+}
+
+/// Goal: a lower-token write still in flight to the upstream when a higher-token write
+/// arrives is applied first; the higher one reaches the upstream only after it; a
+/// lower-token write arriving after the higher one was admitted is rejected. Method: the
+/// upstream delays the old leader's three writes; while they are in flight, leadership
+/// moves (`/v1/resign`) and the new leader writes with its token at once; then the old
+/// token is tried again. Check the apply order on the upstream's clock and the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
+    let mut s = Scenario::start(&ScenarioSpec {
+        workers: false,
+        ..ScenarioSpec::default()
+    })
+    .await;
+    let leader = s.wait_announced_leader(0, None).await;
+    let old_token = leader.token.unwrap();
+    let proxy = s.cluster.proxy.url("");
+    s.upstream.delay("/race/old", SLOW_APPLY);
+
+    let mut old_writes = Vec::new();
+    for seq in 1..=OLD_WRITES {
+        s.recorder.invoke("default", old_token, "old", seq);
+        let proxy = proxy.clone();
+        old_writes.push(tokio::spawn(async move {
+            write(&proxy, &format!("/race/old-{seq}"), old_token, "old", seq).await
+        }));
+    }
+    let upstream = &s.upstream;
+    wait::until(
+        "the old writes to reach the upstream",
+        STEP_TIMEOUT,
+        || async {
+            (upstream
+                .arrived()
+                .iter()
+                .filter(|a| a.writer.as_deref() == Some("old"))
+                .count()
+                == usize::try_from(OLD_WRITES).unwrap())
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Leadership moves while they are in flight; the new leader writes at once, without
+    // waiting for its announcement (which waits at the proxy's barrier too).
+    let resign = try_send_within(
+        Method::POST,
+        &s.cluster
+            .node(leader.node_id)
+            .unwrap()
+            .api_url("/v1/resign"),
+        &[],
+        "",
+        ELECTION_TIMEOUT,
+    )
+    .await
+    .unwrap();
+    assert_eq!(resign.status, StatusCode::OK, "{}", resign.text());
+    let to = resign.json()["to"].as_u64().unwrap();
+    let new_node = s.cluster.node(to).unwrap();
+    let new_token = wait::until("the new leader's token", ELECTION_TIMEOUT, || async {
+        new_node.leadership().await.and_then(|l| l.token)
+    })
+    .await;
+    assert!(new_token > old_token);
+    let still_in_flight = s
+        .upstream
+        .applied()
+        .iter()
+        .all(|a| a.writer.as_deref() != Some("old"));
+    assert!(
+        still_in_flight,
+        "the old writes were applied before the new leader could write: the race was not set up (a very slow machine?)"
+    );
+    s.recorder.invoke("default", new_token, "new", 1);
+    let sent_at = Instant::now();
+    let new_write = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move { write(&proxy, "/race/new-1", new_token, "new", 1).await })
+    };
+
+    // Once the higher token is admitted (the fence is raised before the barrier), the old
+    // token is refused outright.
+    let cluster = &s.cluster;
+    wait::until("the fence to reach the new token", STEP_TIMEOUT, || async {
+        cluster
+            .proxy_fence("default")
+            .await
+            .filter(|&f| f >= new_token)
+    })
+    .await;
+    let stale = write(&proxy, "/race/old-late", old_token, "old", OLD_WRITES + 1).await;
+    s.recorder.record(palisade_cluster::history::Op {
+        scope: "default".to_owned(),
+        token: old_token,
+        writer: "old".to_owned(),
+        seq: OLD_WRITES + 1,
+        outcome: outcome(&stale),
+    });
+    assert_eq!(stale.unwrap().status, StatusCode::CONFLICT);
+
+    for (i, w) in old_writes.into_iter().enumerate() {
+        let answer = w.await.unwrap();
+        s.recorder.complete("old", i as u64 + 1, outcome(&answer));
+        assert!(answer.unwrap().status.is_success());
+    }
+    let answer = new_write.await.unwrap();
+    let waited = sent_at.elapsed();
+    s.recorder.complete("new", 1, outcome(&answer));
+    assert!(answer.unwrap().status.is_success());
+
+    let applied = s.upstream.applied();
+    let last_old = applied
+        .iter()
+        .filter(|a| a.writer.as_deref() == Some("old"))
+        .map(|a| a.applied_at)
+        .max()
+        .unwrap();
+    let new = applied
+        .iter()
+        .find(|a| a.writer.as_deref() == Some("new"))
+        .unwrap();
+    assert!(
+        new.arrived_at > last_old,
+        "the token-{new_token} write reached the upstream (clock {}) before the last token-{old_token} write was applied (clock {last_old})",
+        new.arrived_at
+    );
+    s.say(&format!(
+        "the token-{new_token} write waited {waited:?} at the proxy for {OLD_WRITES} token-{old_token} writes in flight"
+    ));
+    s.finish("in-flight race");
+}
