@@ -22,6 +22,7 @@
 //! - `server`: listeners, TLS, connection limits, graceful shutdown.
 //! - `tls`: rustls configuration from PEM files.
 //! - `error`: [`ProxyError`], who caused it, and its one HTTP answer.
+//! - `failpoints`: test-only failpoints of the whole binary, set up from the environment.
 //! - `metrics`: metric names and the Prometheus recorder.
 //! - `body`: the response body type.
 #![deny(missing_docs)]
@@ -31,6 +32,7 @@ mod body;
 pub mod config;
 mod embedded;
 mod error;
+pub mod failpoints;
 mod fencing;
 pub mod metrics;
 mod server;

@@ -4,8 +4,6 @@
 mod bench;
 mod client_cmds;
 mod demo;
-#[cfg(feature = "failpoints")]
-mod failpoints;
 mod node;
 mod proxy;
 
@@ -80,10 +78,9 @@ pub(crate) enum Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, cli.command.default_log_level());
-    // Failpoints exist only in builds with the `failpoints` feature (tests); see
-    // src/failpoints.rs. They stay configured until the process ends.
-    #[cfg(feature = "failpoints")]
-    let _failpoints = match failpoints::setup() {
+    // Failpoints exist only in test builds (see palisade_proxy::failpoints); elsewhere
+    // this does nothing. They stay configured until the process ends.
+    let _failpoints = match palisade_proxy::failpoints::setup() {
         Ok(f) => f,
         Err(msg) => {
             eprintln!("palisade: {msg}");

@@ -1,5 +1,7 @@
-//! Failpoints for tests, compiled in only with the `failpoints` feature (which
-//! `cargo test --workspace` turns on; release builds leave it off).
+//! Failpoints for tests, compiled in only with this crate's `failpoints` feature, which
+//! `cargo test --workspace` turns on (the tests' dev-dependencies enable it, and feature
+//! unification carries it into the `palisade` binary built for them); release builds
+//! leave it off, and then [`setup`] does nothing and no failpoint exists.
 //!
 //! Two environment variables, read once at start:
 //!
@@ -20,8 +22,11 @@
 //! fsync of a raised fence), `proxy-before-forward` and `proxy-after-forward` (around the
 //! upstream exchange), `proxy-before-reply`.
 
+/// Whether failpoints are compiled into this build.
+pub const ENABLED: bool = cfg!(feature = "failpoints");
+
 /// Names of every failpoint in the binary.
-pub(crate) const FAILPOINTS: [&str; 6] = [
+pub const FAILPOINTS: [&str; 6] = [
     "client-before-send",
     "proxy-before-fence-commit",
     "proxy-after-fence-commit",
@@ -30,18 +35,26 @@ pub(crate) const FAILPOINTS: [&str; 6] = [
     "proxy-before-reply",
 ];
 /// The variable naming the failpoints that stop the process.
-pub(crate) const STOP_ENV: &str = "PALISADE_FAILPOINT_STOP";
+pub const STOP_ENV: &str = "PALISADE_FAILPOINT_STOP";
 /// The start of the line printed before stopping.
-pub(crate) const STOP_LINE: &str = "palisade failpoint";
+pub const STOP_LINE: &str = "palisade failpoint";
 
 /// The configured failpoints; they stay configured while this lives.
-pub(crate) struct Failpoints {
+pub struct Failpoints {
+    #[cfg(feature = "failpoints")]
     _scenario: fail::FailScenario<'static>,
+}
+
+/// Without the `failpoints` feature: nothing to configure.
+#[cfg(not(feature = "failpoints"))]
+pub fn setup() -> Result<Failpoints, String> {
+    Ok(Failpoints {})
 }
 
 /// Configures the failpoints from `FAILPOINTS` (panics on a malformed value, as the `fail`
 /// crate does) and `PALISADE_FAILPOINT_STOP` (an unknown name is an error).
-pub(crate) fn setup() -> Result<Failpoints, String> {
+#[cfg(feature = "failpoints")]
+pub fn setup() -> Result<Failpoints, String> {
     let scenario = fail::FailScenario::setup();
     if let Some(names) = std::env::var_os(STOP_ENV) {
         let names = names.to_string_lossy().into_owned();
@@ -67,6 +80,7 @@ pub(crate) fn setup() -> Result<Failpoints, String> {
 }
 
 /// Tells the world, then stops this whole process (every thread) where it stands.
+#[cfg(feature = "failpoints")]
 fn stop_here(name: &str) {
     use std::io::Write as _;
     let pid = std::process::id();
