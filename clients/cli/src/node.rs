@@ -262,22 +262,6 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
     Ok(config)
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn stop_signal() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = tokio::signal::ctrl_c() => "SIGINT",
-        },
-        Err(err) => {
-            tracing::warn!(cause = %err, "cannot watch SIGTERM; only SIGINT stops this node");
-            let _ = tokio::signal::ctrl_c().await;
-            "SIGINT"
-        }
-    }
-}
-
 /// Runs `palisade node` until SIGTERM/SIGINT (then hands leadership over and stops) or a
 /// fatal error.
 pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
@@ -299,8 +283,8 @@ pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
             .map_or_else(|| "-".to_owned(), |a| a.to_string()),
     );
     let stopped = tokio::select! {
-        signal = stop_signal() => {
-            tracing::info!(node_id = node.id(), signal, "stopping");
+        () = crate::shutdown_signal() => {
+            tracing::info!(node_id = node.id(), "stopping");
             None
         }
         outcome = node.wait() => Some(outcome),
