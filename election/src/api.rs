@@ -280,35 +280,45 @@ async fn leader(
     json(StatusCode::OK, &view(state, &latest))
 }
 
-async fn transfer(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
+/// Reads a JSON body of at most [`API_BODY_BYTES_MAX`] bytes, or answers the problem;
+/// `expected` shows the right shape in the answer.
+async fn json_body<T: serde::de::DeserializeOwned>(
+    state: &ApiState,
+    req: Request<Incoming>,
+    expected: &str,
+) -> Result<T, Response<Body>> {
     let body = match Limited::new(req.into_body(), API_BODY_BYTES_MAX)
         .collect()
         .await
     {
         Ok(b) => b.to_bytes(),
         Err(err) => {
-            return problem(
+            return Err(problem(
                 state,
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body-too-large",
                 "Request body too large or unreadable",
                 &format!("the body must be at most {API_BODY_BYTES_MAX} bytes: {err}"),
                 None,
-            );
+            ));
         }
     };
-    let to = match serde_json::from_slice::<TransferBody>(&body) {
+    serde_json::from_slice::<T>(&body).map_err(|err| {
+        problem(
+            state,
+            StatusCode::BAD_REQUEST,
+            "bad-body",
+            "Bad request body",
+            &format!("expected {expected}: {err}"),
+            None,
+        )
+    })
+}
+
+async fn transfer(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
+    let to = match json_body::<TransferBody>(state, req, r#"{"to":NODE_ID}"#).await {
         Ok(b) => b.to,
-        Err(err) => {
-            return problem(
-                state,
-                StatusCode::BAD_REQUEST,
-                "bad-body",
-                "Bad request body",
-                &format!("expected {{\"to\":NODE_ID}}: {err}"),
-                None,
-            );
-        }
+        Err(answer) => return answer,
     };
     transfer_outcome(state, state.commands.transfer(Some(to)).await)
 }
@@ -325,34 +335,11 @@ async fn set_faults(state: &ApiState, req: Request<Incoming>) -> Response<Body> 
             None,
         );
     };
-    let body = match Limited::new(req.into_body(), API_BODY_BYTES_MAX)
-        .collect()
+    let spec = match json_body::<FaultSpec>(state, req, r#"{"drop":[ID,...],"delay_ms":{"ID":MS}}"#)
         .await
     {
-        Ok(b) => b.to_bytes(),
-        Err(err) => {
-            return problem(
-                state,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                "Request body too large or unreadable",
-                &format!("the body must be at most {API_BODY_BYTES_MAX} bytes: {err}"),
-                None,
-            );
-        }
-    };
-    let spec = match serde_json::from_slice::<FaultSpec>(&body) {
         Ok(spec) => spec,
-        Err(err) => {
-            return problem(
-                state,
-                StatusCode::BAD_REQUEST,
-                "bad-body",
-                "Bad request body",
-                &format!("expected {{\"drop\":[ID,...],\"delay_ms\":{{\"ID\":MS}}}}: {err}"),
-                None,
-            );
-        }
+        Err(answer) => return answer,
     };
     match faults.set(spec) {
         Ok(spec) => {

@@ -614,6 +614,42 @@ pub fn fault_seed(name: &str) -> u64 {
     seed
 }
 
+/// A fenced PUT of `base` + `path` carrying the writer's name and sequence number (the
+/// headers the recording upstream logs for the history checker), bounded by `timeout`.
+pub async fn tagged_put(
+    base: &str,
+    path: &str,
+    token: u64,
+    writer: &str,
+    seq: u64,
+    timeout: Duration,
+) -> palisade_cluster::Result<palisade_cluster::client::Answer> {
+    let (t, q) = (token.to_string(), seq.to_string());
+    palisade_cluster::client::try_send_within(
+        Method::PUT,
+        &format!("{base}{path}"),
+        &[
+            ("fencing-token", &t),
+            (palisade_cluster::worker::WRITER_HEADER, writer),
+            (palisade_cluster::worker::SEQ_HEADER, &q),
+        ],
+        format!("{writer} {seq}"),
+        timeout,
+    )
+    .await
+}
+
+/// What a client may conclude from a write's answer: 2xx applied, 409 rejected, another
+/// 4xx refused; anything else (5xx, no answer) may or may not have been applied.
+pub fn outcome_of(answer: &palisade_cluster::Result<palisade_cluster::client::Answer>) -> Outcome {
+    match answer {
+        Ok(a) if a.status.is_success() => Outcome::Ok,
+        Ok(a) if a.status == http::StatusCode::CONFLICT => Outcome::Rejected,
+        Ok(a) if a.status.is_client_error() => Outcome::Failed,
+        _ => Outcome::Indeterminate,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,10 +9,10 @@
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
-use palisade_cluster::client::{Answer, try_send_within};
-use palisade_cluster::history::Outcome;
-use palisade_cluster::worker::{SEQ_HEADER, WRITER_HEADER};
-use palisade_tests::scenario::{ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec};
+use palisade_cluster::client::try_send_within;
+use palisade_tests::scenario::{
+    ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec, outcome_of, tagged_put,
+};
 use palisade_tests::wait;
 
 /// How long the storage takes to apply each of the old leader's writes: long enough for
@@ -21,38 +21,6 @@ use palisade_tests::wait;
 const SLOW_APPLY: Duration = Duration::from_millis(2500);
 /// The old leader's writes in flight.
 const OLD_WRITES: u64 = 3;
-
-/// A fenced PUT with the writer's name and sequence number.
-async fn write(
-    proxy: &str,
-    path: &str,
-    token: u64,
-    writer: &str,
-    seq: u64,
-) -> palisade_cluster::Result<Answer> {
-    let (t, q) = (token.to_string(), seq.to_string());
-    try_send_within(
-        Method::PUT,
-        &format!("{proxy}{path}"),
-        &[
-            ("fencing-token", &t),
-            (WRITER_HEADER, writer),
-            (SEQ_HEADER, &q),
-        ],
-        format!("{writer} {seq}"),
-        STEP_TIMEOUT,
-    )
-    .await
-}
-
-fn outcome(answer: &palisade_cluster::Result<Answer>) -> Outcome {
-    match answer {
-        Ok(a) if a.status.is_success() => Outcome::Ok,
-        Ok(a) if a.status == StatusCode::CONFLICT => Outcome::Rejected,
-        Ok(a) if a.status.is_client_error() => Outcome::Failed,
-        _ => Outcome::Indeterminate,
-    }
-}
 
 /// Goal: a lower-token write still in flight to the upstream when a higher-token write
 /// arrives is applied first; the higher one reaches the upstream only after it; a
@@ -77,7 +45,15 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
         s.recorder.invoke("default", old_token, "old", seq);
         let proxy = proxy.clone();
         old_writes.push(tokio::spawn(async move {
-            write(&proxy, &format!("/race/old-{seq}"), old_token, "old", seq).await
+            tagged_put(
+                &proxy,
+                &format!("/race/old-{seq}"),
+                old_token,
+                "old",
+                seq,
+                STEP_TIMEOUT,
+            )
+            .await
         }));
     }
     let upstream = &s.upstream;
@@ -131,7 +107,9 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
     let sent_at = Instant::now();
     let new_write = {
         let proxy = proxy.clone();
-        tokio::spawn(async move { write(&proxy, "/race/new-1", new_token, "new", 1).await })
+        tokio::spawn(async move {
+            tagged_put(&proxy, "/race/new-1", new_token, "new", 1, STEP_TIMEOUT).await
+        })
     };
 
     // Once the higher token is admitted (the fence is raised before the barrier), the old
@@ -144,24 +122,33 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
             .filter(|&f| f >= new_token)
     })
     .await;
-    let stale = write(&proxy, "/race/old-late", old_token, "old", OLD_WRITES + 1).await;
+    let stale = tagged_put(
+        &proxy,
+        "/race/old-late",
+        old_token,
+        "old",
+        OLD_WRITES + 1,
+        STEP_TIMEOUT,
+    )
+    .await;
     s.recorder.record(palisade_cluster::history::Op {
         scope: "default".to_owned(),
         token: old_token,
         writer: "old".to_owned(),
         seq: OLD_WRITES + 1,
-        outcome: outcome(&stale),
+        outcome: outcome_of(&stale),
     });
     assert_eq!(stale.unwrap().status, StatusCode::CONFLICT);
 
     for (i, w) in old_writes.into_iter().enumerate() {
         let answer = w.await.unwrap();
-        s.recorder.complete("old", i as u64 + 1, outcome(&answer));
+        s.recorder
+            .complete("old", i as u64 + 1, outcome_of(&answer));
         assert!(answer.unwrap().status.is_success());
     }
     let answer = new_write.await.unwrap();
     let waited = sent_at.elapsed();
-    s.recorder.complete("new", 1, outcome(&answer));
+    s.recorder.complete("new", 1, outcome_of(&answer));
     assert!(answer.unwrap().status.is_success());
 
     let applied = s.upstream.applied();

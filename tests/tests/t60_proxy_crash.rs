@@ -9,12 +9,12 @@
 
 use std::time::Duration;
 
-use http::{Method, StatusCode};
+use http::Method;
 use palisade_cluster::ProxyProcess;
-use palisade_cluster::client::{Answer, try_send_within};
+use palisade_cluster::client::try_send_within;
 use palisade_cluster::history::{self, History, Op, Outcome, Recorder};
-use palisade_cluster::worker::{FAILPOINT_LINE, SEQ_HEADER, WRITER_HEADER};
-use palisade_tests::scenario::STOP_ENV;
+use palisade_cluster::worker::FAILPOINT_LINE;
+use palisade_tests::scenario::{STOP_ENV, outcome_of, tagged_put};
 use palisade_tests::upstream::RecordingUpstream;
 use palisade_tests::wait;
 
@@ -32,31 +32,6 @@ const ROUNDS: usize = 2;
 const STEP: Duration = Duration::from_secs(20);
 /// The writer name of this test's writes.
 const WRITER: &str = "crash";
-
-async fn write(proxy: &str, token: u64, seq: u64) -> palisade_cluster::Result<Answer> {
-    let (t, q) = (token.to_string(), seq.to_string());
-    try_send_within(
-        Method::PUT,
-        &format!("{proxy}/crash/{seq}"),
-        &[
-            ("fencing-token", &t),
-            (WRITER_HEADER, WRITER),
-            (SEQ_HEADER, &q),
-        ],
-        format!("write {seq}"),
-        STEP,
-    )
-    .await
-}
-
-fn outcome(answer: &palisade_cluster::Result<Answer>) -> Outcome {
-    match answer {
-        Ok(a) if a.status.is_success() => Outcome::Ok,
-        Ok(a) if a.status == StatusCode::CONFLICT => Outcome::Rejected,
-        Ok(a) if a.status.is_client_error() => Outcome::Failed,
-        _ => Outcome::Indeterminate,
-    }
-}
 
 async fn fence(proxy: &ProxyProcess) -> u64 {
     let answer = try_send_within(
@@ -90,13 +65,21 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
     let mut kills = 0;
 
     seq += 1;
-    let first = write(&proxy.url(""), token, seq).await;
+    let first = tagged_put(
+        &proxy.url(""),
+        &format!("/crash/{seq}"),
+        token,
+        WRITER,
+        seq,
+        STEP,
+    )
+    .await;
     recorder.record(Op {
         scope: "default".to_owned(),
         token,
         writer: WRITER.to_owned(),
         seq,
-        outcome: outcome(&first),
+        outcome: outcome_of(&first),
     });
     assert!(first.unwrap().status.is_success());
 
@@ -108,7 +91,9 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
             recorder.invoke("default", token, WRITER, seq);
             let url = proxy.url("");
             let (t, q) = (token, seq);
-            let doomed = tokio::spawn(async move { write(&url, t, q).await });
+            let doomed = tokio::spawn(async move {
+                tagged_put(&url, &format!("/crash/{q}"), t, WRITER, q, STEP).await
+            });
             let line = proxy
                 .lines()
                 .wait_for(FAILPOINT_LINE, STEP)
@@ -123,7 +108,7 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
             proxy.guard.kill9();
             kills += 1;
             let answer = doomed.await.unwrap();
-            recorder.complete(WRITER, seq, outcome(&answer));
+            recorder.complete(WRITER, seq, outcome_of(&answer));
             assert!(
                 answer.is_err(),
                 "the write answered although the proxy was killed at {failpoint}: {answer:?}"
@@ -147,8 +132,16 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
 
             // The previous token: refused whenever the fence moved past it.
             seq += 1;
-            let stale = write(&proxy.url(""), token - 1, seq).await;
-            let o = outcome(&stale);
+            let stale = tagged_put(
+                &proxy.url(""),
+                &format!("/crash/{seq}"),
+                token - 1,
+                WRITER,
+                seq,
+                STEP,
+            )
+            .await;
+            let o = outcome_of(&stale);
             recorder.record(Op {
                 scope: "default".to_owned(),
                 token: token - 1,
