@@ -210,7 +210,7 @@ impl NodeProcess {
         format!("http://{}{path}", self.spec.api)
     }
 
-    /// Its leadership, or `None` when it does not answer within [`QUERY_TIMEOUT`]
+    /// Its leadership, or `None` when it does not answer within `QUERY_TIMEOUT`
     /// (paused, killed, or busy).
     pub async fn leadership(&self) -> Option<Leadership> {
         let answer = try_send_within(

@@ -1,11 +1,11 @@
 //! Carrying raft messages between nodes.
 //!
-//! The election loop hands each outgoing message to a [`Transport`], which must never
+//! The election loop hands each outgoing message to a `Transport`, which must never
 //! block: it queues the message or drops it and says so, and the loop reports dropped
 //! destinations to raft with `report_unreachable`. Raft resends what matters. Incoming
-//! messages reach the loop through its inbox ([`PeerInbox`]) after [`check_inbound`].
+//! messages reach the loop through its inbox ([`PeerInbox`]) after `check_inbound`.
 //!
-//! Two transports exist: [`tcp`], the real one, and [`mem`], an in-process network with
+//! Two transports exist: `tcp`, the real one, and [`mem`], an in-process network with
 //! per-link drops and partitions for deterministic tests. The TCP transport can also drop
 //! or delay traffic per peer at runtime ([`faults`]) for end-to-end tests of real
 //! processes; that is off unless the node is started with test faults.
