@@ -13,6 +13,8 @@
 //!   term checks over a whole run.
 //! - re-exports of `palisade_cluster`'s `client` and `wait`, and a panicking `process`
 //!   facade over its launchers.
+// A harness for tests only: a failed set-up step should panic with its cause, as a test
+// would, so the workspace's library rule against unwrap/expect is lifted here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
 
 pub use palisade_cluster::{client, wait};

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use palisade_client::{
     ClientError, FencedClient, ProxyAdmin, StaticToken, StatusCode, TokenSource,
 };
-use palisade_tests::client::{put, send};
+use palisade_tests::client::send;
+use palisade_tests::fixtures::{hold_in_flight, proxy_with_upstream};
 use palisade_tests::process::{ProxyProcess, start_proxy};
 use palisade_tests::upstream::RecordingUpstream;
 use palisade_tests::wait;
@@ -155,28 +156,12 @@ async fn stale_write_is_fenced_and_later_writes_never_leave_the_process() {
 #[tokio::test]
 async fn idempotent_put_is_retried_and_plain_post_is_not() {
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = dir.path().join("proxy.toml");
-    std::fs::write(&config, "[limits]\nbarrier_timeout_ms = 300\n").unwrap();
-    let proxy = start_proxy(
-        dir.path(),
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--config",
-            config.to_str().unwrap(),
-        ],
-    );
+    let (upstream, proxy) =
+        proxy_with_upstream(dir.path(), "[limits]\nbarrier_timeout_ms = 300\n").await;
     let barrier_timeouts = || counter(&proxy, "palisade_proxy_rejections_total", "barrier-timeout");
 
     // Token 1 held in flight; the client's token-2 PUT waits at the barrier and gets 503.
-    upstream.hold("/slow");
-    let low_url = proxy.url("/slow");
-    let low = tokio::spawn(async move { put(&low_url, 1, "low").await });
-    wait::until("the token-1 write to arrive upstream", WAIT, || async {
-        (upstream.arrived().len() == 1).then_some(())
-    })
-    .await;
+    let low = hold_in_flight(&upstream, &proxy, "/slow", 1).await;
     let (_, client) = static_client(&proxy, 2);
     let retried = async {
         let response = client.put("/fast", "high").await;
@@ -210,13 +195,7 @@ async fn idempotent_put_is_retried_and_plain_post_is_not() {
     );
 
     // Same spot for a POST: one attempt, and the 503 is the answer.
-    upstream.hold("/slow");
-    let held_url = proxy.url("/slow");
-    let held = tokio::spawn(async move { put(&held_url, 2, "held").await });
-    wait::until("the held token-2 write to arrive", WAIT, || async {
-        (upstream.arrived().len() == 3).then_some(())
-    })
-    .await;
+    let held = hold_in_flight(&upstream, &proxy, "/slow", 2).await;
     let (_, client3) = static_client(&proxy, 3);
     let before = barrier_timeouts().await;
     let err = client3.post("/fast", "once").await.unwrap_err();
