@@ -1,0 +1,58 @@
+//! The proxy's admin API: paths, request bodies and answers.
+//!
+//! - `GET /v1/fences` -> [`FenceList`]
+//! - `GET /v1/fences/{scope}` -> [`FenceView`] (token 0 when never seen)
+//! - `POST /v1/fences/{scope}` with [`AdvanceRequest`] -> [`AdvanceResponse`]; 409
+//!   problem+json when the token is below the fence.
+//! - `GET /metrics` (Prometheus text), `GET /healthz` -> [`crate::Health`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::scope::Scope;
+
+/// The list of fences.
+pub const FENCES_PATH: &str = "/v1/fences";
+/// Liveness, on the admin port and on the node API.
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// Prometheus metrics, on the admin port and on the node API.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The path of one scope's fence.
+pub fn fence_path(scope: &Scope) -> String {
+    format!("{FENCES_PATH}/{scope}")
+}
+
+/// One scope's fence: the highest token the proxy has admitted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceView {
+    /// The scope.
+    pub scope: Scope,
+    /// Its fence (0 when the scope was never seen).
+    pub token: u64,
+}
+
+/// `GET /v1/fences`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FenceList {
+    /// Every scope the proxy has a fence for.
+    pub fences: Vec<FenceView>,
+}
+
+/// `POST /v1/fences/{scope}`: advance the fence without a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdvanceRequest {
+    /// The new fence; a lower one is refused with 409.
+    pub token: u64,
+}
+
+/// The answer to an advance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdvanceResponse {
+    /// The scope.
+    pub scope: Scope,
+    /// The token asked for, now the fence (or already it).
+    pub token: u64,
+    /// Whether the fence moved (false when it already was `token`).
+    pub advanced: bool,
+}

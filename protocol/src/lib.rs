@@ -1,0 +1,41 @@
+//! Palisade's wire contract, written once.
+//!
+//! The proxy, the election nodes, the Rust client, the process launcher and the tests
+//! all speak the same HTTP contract. Everything that must be spelled the same on both
+//! sides of a socket lives here, and nowhere else: header names, the scope rule, token
+//! parsing, the problem+json body, the request and response types of the admin API and
+//! the node API, and the lines and environment variables that a parent process and a
+//! `palisade` child agree on. The crate depends on `http` and `serde` only, so that any
+//! client can use it without pulling in a server stack.
+//!
+//! The Python client (`clients/python/palisade.py`) keeps its own copy of the names; a
+//! test there checks it against `protocol/cases.json`, which a test here checks against
+//! these definitions.
+//!
+//! # Layout
+//! - `headers`: the header names (`Fencing-Token`, `Fencing-Scope`, ...).
+//! - `scope`: [`Scope`], the one validator of scope names.
+//! - `token`: parsing `Fencing-Token` from a request head.
+//! - `problem`: [`Problem`], the RFC 9457 error body every API answers with.
+//! - `admin`: the proxy's admin API: paths and bodies.
+//! - `node`: the node API: paths, [`LeaderView`], [`Role`], transfers, test faults.
+//! - `process`: ready lines, failpoint lines, environment variable names, log event names.
+//! - `server` (feature `server`): the control-plane stack on axum: problem+json errors,
+//!   extractors, and the accept loop the admin API and the node API share.
+#![deny(missing_docs)]
+
+pub mod admin;
+pub mod headers;
+pub mod node;
+pub mod problem;
+pub mod process;
+pub mod scope;
+#[cfg(feature = "server")]
+pub mod server;
+pub mod token;
+
+pub use admin::{AdvanceRequest, AdvanceResponse, FenceList, FenceView};
+pub use node::{FaultSpec, Health, LeaderView, LongPoll, Role, TransferRequest, Transferred};
+pub use problem::Problem;
+pub use scope::{DEFAULT_SCOPE, SCOPE_BYTES_MAX, Scope, ScopeError};
+pub use token::{TokenError, parse_token, parse_token_header};

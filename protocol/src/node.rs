@@ -1,0 +1,190 @@
+//! The node API: paths, request bodies and answers.
+//!
+//! - `GET /v1/leader` -> [`LeaderView`]; with [`LongPoll`] parameters a long poll.
+//! - `POST /v1/transfer` with [`TransferRequest`] -> [`Transferred`].
+//! - `POST /v1/resign` -> [`Transferred`].
+//! - `GET /metrics`, `GET /healthz` -> [`Health`].
+//! - `GET|POST /v1/test/faults` with [`FaultSpec`]: only on nodes started with
+//!   [`crate::process::TEST_FAULTS_ENV`]` = 1`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::scope::Scope;
+
+/// This node's view of leadership.
+pub const LEADER_PATH: &str = "/v1/leader";
+/// Leadership transfer to a named node.
+pub const TRANSFER_PATH: &str = "/v1/transfer";
+/// Leadership transfer to the best other node.
+pub const RESIGN_PATH: &str = "/v1/resign";
+/// Test faults on the peer links (test builds of the cluster only).
+pub const TEST_FAULTS_PATH: &str = "/v1/test/faults";
+
+/// A node's raft role. raft's pre-candidate is reported as `candidate`: both campaign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Follows a leader, or waits for one.
+    Follower,
+    /// Campaigning (pre-vote or vote).
+    Candidate,
+    /// The raft leader of its term; holds a fencing token only once established.
+    Leader,
+}
+
+impl Role {
+    /// The API spelling: `leader`, `follower` or `candidate`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Leader => "leader",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `GET /v1/leader`: one node's view of leadership.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderView {
+    /// This node's raft id.
+    pub node_id: u64,
+    /// The fencing scope the cluster's token is for.
+    pub scope: Scope,
+    /// This node's current raft term.
+    pub term: u64,
+    /// The leader this node knows, `null` when none.
+    pub leader_id: Option<u64>,
+    /// This node's role.
+    pub role: Role,
+    /// The fencing token: non-null only on the established leader.
+    pub token: Option<u64>,
+    /// Whether every `--announce` proxy accepted `token`.
+    pub announced: bool,
+}
+
+/// The query of a long poll on `GET /v1/leader`: answer once the term exceeds
+/// `after_term` or the view changes in any other way, or after `timeout_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LongPoll {
+    /// Answer once the term is above this (default: the current term).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_term: Option<u64>,
+    /// Longest wait in milliseconds (capped by the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+impl LongPoll {
+    /// Whether this asks for a long poll at all (either parameter given).
+    pub fn is_poll(&self) -> bool {
+        self.after_term.is_some() || self.timeout_ms.is_some()
+    }
+
+    /// The query string (without `?`), empty when no parameter is set.
+    pub fn to_query(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(t) = self.after_term {
+            parts.push(format!("after_term={t}"));
+        }
+        if let Some(t) = self.timeout_ms {
+            parts.push(format!("timeout_ms={t}"));
+        }
+        parts.join("&")
+    }
+}
+
+/// `POST /v1/transfer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferRequest {
+    /// The node to hand leadership to.
+    pub to: u64,
+}
+
+/// A completed leadership transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transferred {
+    /// The leader when the transfer started.
+    pub from: u64,
+    /// The new leader.
+    pub to: u64,
+    /// The new leader's term (higher than the old one).
+    pub term: u64,
+}
+
+/// `GET /healthz`: the process serves and its main loop runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// `ok`.
+    pub status: String,
+    /// The node's id, on a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u64>,
+}
+
+impl Health {
+    /// A healthy answer.
+    pub fn ok(node_id: Option<u64>) -> Self {
+        Self {
+            status: "ok".to_owned(),
+            node_id,
+        }
+    }
+}
+
+/// The test faults of one node's peer links: `{"drop":[2,3],"delay_ms":{"2":200}}`.
+/// A `POST` replaces them all; `{}` heals every link.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultSpec {
+    /// Peers cut off both ways: sends to them and receipts from them are discarded.
+    pub drop: BTreeSet<u64>,
+    /// Extra latency in milliseconds of what this node sends to each peer.
+    pub delay_ms: BTreeMap<u64, u64>,
+}
+
+impl FaultSpec {
+    /// Whether nothing is injected.
+    pub fn is_empty(&self) -> bool {
+        self.drop.is_empty() && self.delay_ms.values().all(|&d| d == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: the leader view reads and writes the contract's JSON exactly.
+    /// Method: parse the contract's example, write it back.
+    #[test]
+    fn leader_view_matches_the_contract() {
+        let text = r#"{"node_id":1,"scope":"default","term":7,"leader_id":2,"role":"follower","token":null,"announced":false}"#;
+        let view: LeaderView = serde_json::from_str(text).unwrap();
+        assert_eq!(view.role, Role::Follower);
+        assert_eq!(view.leader_id, Some(2));
+        assert_eq!(serde_json::to_string(&view).unwrap(), text);
+    }
+
+    /// Goal: the long-poll query is written as the server reads it.
+    /// Method: format each combination.
+    #[test]
+    fn long_poll_query() {
+        assert_eq!(LongPoll::default().to_query(), "");
+        assert!(!LongPoll::default().is_poll());
+        let q = LongPoll {
+            after_term: Some(3),
+            timeout_ms: Some(500),
+        };
+        assert_eq!(q.to_query(), "after_term=3&timeout_ms=500");
+    }
+}
