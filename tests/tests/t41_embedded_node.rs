@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use palisade_client::{FencedClient, NodeHandleSource, TokenSource};
-use palisade_election::{Node, NodeConfig};
+use palisade_client::{FencedClient, TokenSource};
+use palisade_election::{Node, NodeConfig, NodeHandleSource};
 use palisade_tests::process::start_proxy;
 
 /// Goal: a single in-process node becomes the established leader, announces its token to

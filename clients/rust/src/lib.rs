@@ -101,15 +101,13 @@
 //!   limit.
 //! - `retry`: backoff with jitter and `Retry-After`.
 //!
-//! - `handle_source` (feature `election`, on by default): [`NodeHandleSource`], a token
-//!   source that reads an in-process election node's leadership watch.
+//! An application that runs its election node in-process uses
+//! `palisade_election::NodeHandleSource`, which implements [`TokenSource`].
 #![deny(missing_docs)]
 
 mod admin;
 mod client;
 mod error;
-#[cfg(feature = "election")]
-mod handle_source;
 mod http;
 mod node;
 mod node_source;
@@ -124,8 +122,6 @@ pub use client::{
     REQUEST_TIMEOUT_MS, RETRIES_MAX, RETRY_AFTER_MAX_MS, SCOPE_BYTES_MAX, is_write, validate_scope,
 };
 pub use error::ClientError;
-#[cfg(feature = "election")]
-pub use handle_source::NodeHandleSource;
 pub use http::{CONNECT_TIMEOUT_MS, RESPONSE_BYTES_MAX};
 pub use node::{
     LONG_POLL_SLACK_MS, LONG_POLL_WAIT_MS_MAX, NODE_REQUEST_TIMEOUT_MS, NodeApi, NodeLeader, Role,

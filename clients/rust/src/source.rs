@@ -53,6 +53,17 @@ impl Leadership {
         }
     }
 
+    /// The leader of `term`, not yet established (it has not applied an entry of its own
+    /// term), so it holds no token and cannot write yet.
+    pub fn establishing(term: u64, leader_id: Option<u64>) -> Self {
+        Self {
+            token: None,
+            term,
+            leader_id,
+            is_leader: true,
+        }
+    }
+
     /// The token to attach to a write: `Some` only for an established leader.
     pub fn write_token(&self) -> Option<u64> {
         if self.is_leader { self.token } else { None }
