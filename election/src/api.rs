@@ -1,39 +1,46 @@
-//! The node's HTTP API (JSON; errors as `application/problem+json`, RFC 9457):
+//! The node's HTTP API, on axum through `palisade_protocol::server` (JSON bodies; every
+//! error is an `application/problem+json` [`Problem`] naming this node and, when known,
+//! the leader to ask instead):
 //!
-//! - `GET /v1/leader`: this node's view of leadership; with `?after_term=N&timeout_ms=T`
-//!   a long poll that answers once the term exceeds N or the view changes in any other way
-//!   (role, leader, token, announced), or after T ms (at most [`LONG_POLL_TIMEOUT_MS_MAX`]).
-//!   `after_term` defaults to the current term, `timeout_ms` to
-//!   [`LONG_POLL_TIMEOUT_MS_DEFAULT`].
-//! - `POST /v1/transfer` with `{"to":ID}`: leadership transfer; waits for the outcome.
+//! - `GET /v1/leader`: this node's [`LeaderView`]; with [`LongPoll`] parameters
+//!   (`?after_term=N&timeout_ms=T`) a long poll that answers once the term exceeds N or the
+//!   view changes in any other way (role, leader, token, announced), or after T ms (at most
+//!   [`LONG_POLL_TIMEOUT_MS_MAX`]). `after_term` defaults to the current term, `timeout_ms`
+//!   to [`LONG_POLL_TIMEOUT_MS_DEFAULT`]. An unknown parameter is a 400 `bad-query`: a
+//!   typo would otherwise turn a long poll into a busy loop.
+//! - `POST /v1/transfer` with a [`TransferRequest`]: leadership transfer; waits for the
+//!   outcome and answers [`Transferred`].
 //! - `POST /v1/resign`: transfer to the best other voter.
-//! - `GET /metrics` (Prometheus text), `GET /healthz`.
+//! - `GET /metrics` (Prometheus text), `GET /healthz` ([`Health`]; 503 once the election
+//!   loop stopped).
 //! - Only on a node started with test faults (`PALISADE_TEST_FAULTS=1`), else 404:
-//!   `GET /v1/test/faults` and `POST /v1/test/faults` with
-//!   `{"drop":[2,3],"delay_ms":{"2":200}}`, which replaces every fault of this node's
-//!   links (`{}` heals them); see [`crate::transport::faults`].
+//!   `GET /v1/test/faults` and `POST /v1/test/faults` with a [`FaultSpec`], which replaces
+//!   every fault of this node's links (`{}` heals them); see [`crate::transport::faults`].
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt as _, Full, Limited};
-use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use serde::{Deserialize, Serialize};
+use axum::Router;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use http::{StatusCode, header};
+use palisade_protocol::admin::{HEALTHZ_PATH, METRICS_PATH};
+use palisade_protocol::headers::PROMETHEUS_TEXT;
+use palisade_protocol::node::{LEADER_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH};
+use palisade_protocol::server::{ApiJson, ApiQuery, ControlLimits, finish};
+use palisade_protocol::{
+    FaultSpec, Health, LeaderView, LongPoll, Problem, Scope, TransferRequest, Transferred,
+};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, warn};
+use tracing::warn;
 
-use crate::leadership::{Leadership, Role};
+use crate::leadership::Leadership;
 use crate::metrics::NodeMetrics;
 use crate::node::{Commands, TransferError};
-use crate::transport::faults::{FaultError, FaultSpec, LinkFaults};
+use crate::transport::faults::{FaultError, LinkFaults};
 
 /// Longest long poll: a client asking for more waits this long. Keeps a forgotten client
 /// from pinning a connection for ever.
@@ -42,229 +49,105 @@ pub const LONG_POLL_TIMEOUT_MS_MAX: u64 = 60_000;
 pub const LONG_POLL_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// Largest request body accepted (`{"to":N}` needs a few bytes).
 pub const API_BODY_BYTES_MAX: usize = 4 * 1024;
-/// API connections open at once; more are closed at accept.
+/// API connections open at once; one more is answered 503 and closed.
 pub const API_CONNECTIONS_MAX: usize = 256;
 /// Time a client has to send its request headers.
 pub const API_HEADER_TIMEOUT_MS: u64 = 10_000;
 /// Time in-flight requests get to finish at shutdown.
 pub const API_DRAIN_TIMEOUT_MS: u64 = 2_000;
 
+/// The API's name in 404 and 405 problems.
+const API_NAME: &str = "node API";
+
 /// What the API handlers share.
 pub(crate) struct ApiState {
     pub node_id: u64,
-    pub scope: String,
+    pub scope: Scope,
     pub leadership: watch::Receiver<Leadership>,
     pub commands: Commands,
     pub metrics: NodeMetrics,
     /// The transport's test faults, only when they are enabled.
     pub faults: Option<Arc<LinkFaults>>,
+    /// Cancelled at shutdown: ends long polls, then the listener.
+    pub shutdown: CancellationToken,
 }
 
-/// The `GET /v1/leader` answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaderView {
-    /// This node's raft id.
-    pub node_id: u64,
-    /// The fencing scope.
-    pub scope: String,
-    /// This node's current raft term.
-    pub term: u64,
-    /// The leader this node knows, `null` when none.
-    pub leader_id: Option<u64>,
-    /// `leader`, `follower` or `candidate`.
-    pub role: Role,
-    /// The fencing token, non-null only on the established leader.
-    pub token: Option<u64>,
-    /// Whether every `--announce` proxy accepted the token.
-    pub announced: bool,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TransferBody {
-    to: u64,
-}
-
-type Body = Full<Bytes>;
-
-/// Serves the API on `listener` until `shutdown`, then drains in-flight requests.
-pub(crate) async fn serve(listener: TcpListener, state: ApiState, shutdown: CancellationToken) {
-    let state = Arc::new((state, shutdown.clone()));
-    let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(API_CONNECTIONS_MAX));
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (stream, remote) = match accepted {
-            Ok(a) => a,
-            Err(err) => {
-                warn!(cause = %err, "api accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            warn!(%remote, limit = API_CONNECTIONS_MAX, "too many api connections; closed");
-            continue;
-        };
-        let state = state.clone();
-        let service = service_fn(move |req| {
-            let state = state.clone();
-            async move { Ok::<_, Infallible>(route(&state.0, &state.1, req).await) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_millis(API_HEADER_TIMEOUT_MS))
-            .serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(
-            async move {
-                if let Err(err) = conn.await {
-                    debug!(%remote, cause = %err, "api connection ended with an error");
-                }
-                drop(permit);
-            }
-            .in_current_span(),
-        );
+impl ApiState {
+    /// A problem from this node, naming the leader it knows.
+    fn problem(&self, problem: Problem) -> Problem {
+        let leader_id = self.leadership.borrow().leader_id;
+        problem.with_node(self.node_id, leader_id)
     }
-    drop(listener);
-    if tokio::time::timeout(
-        Duration::from_millis(API_DRAIN_TIMEOUT_MS),
-        graceful.shutdown(),
-    )
-    .await
-    .is_err()
-    {
-        warn!(
-            timeout_ms = API_DRAIN_TIMEOUT_MS,
-            "api requests still running at shutdown"
-        );
+
+    fn view(&self, l: &Leadership) -> LeaderView {
+        LeaderView {
+            node_id: self.node_id,
+            scope: self.scope.clone(),
+            term: l.term,
+            leader_id: l.leader_id,
+            role: l.role,
+            token: l.token,
+            announced: l.announced,
+        }
     }
 }
 
-async fn route(
-    state: &ApiState,
-    shutdown: &CancellationToken,
-    req: Request<Incoming>,
-) -> Response<Body> {
-    let path = req.uri().path().to_owned();
-    match (req.method(), path.as_str()) {
-        (&Method::GET, "/v1/leader") => leader(state, shutdown, req.uri().query()).await,
-        (&Method::POST, "/v1/transfer") => transfer(state, req).await,
-        (&Method::POST, "/v1/resign") => {
-            transfer_outcome(state, state.commands.transfer(None).await)
-        }
-        (&Method::GET, "/metrics") => {
-            let mut r = Response::new(Full::new(Bytes::from(state.metrics.render())));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            r
-        }
-        (&Method::GET, "/healthz") => {
-            if state.commands.is_running() {
-                json(
-                    StatusCode::OK,
-                    &serde_json::json!({"status": "ok", "node_id": state.node_id}),
-                )
-            } else {
-                problem(
-                    state,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "node-stopped",
-                    "The election loop is not running",
-                    "the node stopped; see its log",
-                    None,
-                )
-            }
-        }
-        (&Method::GET, "/v1/test/faults") if state.faults.is_some() => {
-            let spec = state.faults.as_ref().map(|f| f.get()).unwrap_or_default();
-            json(StatusCode::OK, &spec)
-        }
-        (&Method::POST, "/v1/test/faults") if state.faults.is_some() => {
-            set_faults(state, req).await
-        }
-        (_, "/v1/leader" | "/metrics" | "/healthz") => method_not_allowed(state, "GET"),
-        (_, "/v1/transfer" | "/v1/resign") => method_not_allowed(state, "POST"),
-        _ => problem(
-            state,
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "No such resource",
-            &format!("{path} is not part of the node API"),
-            None,
-        ),
-    }
-}
+type Shared = Arc<ApiState>;
 
-fn view(state: &ApiState, l: &Leadership) -> LeaderView {
-    LeaderView {
-        node_id: state.node_id,
-        scope: state.scope.clone(),
-        term: l.term,
-        leader_id: l.leader_id,
-        role: l.role,
-        token: l.token,
-        announced: l.announced,
-    }
-}
-
-/// Parses `after_term` and `timeout_ms`; unknown parameters are an error (a typo would
-/// otherwise turn a long poll into a busy loop).
-fn long_poll_params(query: Option<&str>) -> Result<(Option<u64>, Option<u64>), String> {
-    let (mut after_term, mut timeout_ms) = (None, None);
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let parsed: u64 = value
-            .parse()
-            .map_err(|_| format!("{name}={value:?} is not a non-negative integer"))?;
-        match name {
-            "after_term" => after_term = Some(parsed),
-            "timeout_ms" => timeout_ms = Some(parsed),
-            _ => {
-                return Err(format!(
-                    "unknown query parameter {name:?} (expected after_term, timeout_ms)"
-                ));
-            }
-        }
-    }
-    Ok((after_term, timeout_ms))
-}
-
-async fn leader(
-    state: &ApiState,
-    shutdown: &CancellationToken,
-    query: Option<&str>,
-) -> Response<Body> {
-    let (after_term, timeout_ms) = match long_poll_params(query) {
-        Ok(p) => p,
-        Err(detail) => {
-            return problem(
-                state,
-                StatusCode::BAD_REQUEST,
-                "bad-query",
-                "Bad query parameter",
-                &detail,
-                None,
-            );
-        }
+/// Serves the API on `listener` until `state.shutdown`, then drains in-flight requests.
+pub(crate) async fn serve(listener: TcpListener, state: ApiState) {
+    let shutdown = state.shutdown.clone();
+    let limits = ControlLimits {
+        name: "node-api",
+        connections_max: API_CONNECTIONS_MAX,
+        header_read_timeout: Duration::from_millis(API_HEADER_TIMEOUT_MS),
+        drain_timeout: Duration::from_millis(API_DRAIN_TIMEOUT_MS),
     };
+    palisade_protocol::server::serve(listener, app(state), limits, async move {
+        shutdown.cancelled().await;
+    })
+    .await;
+}
+
+/// The node API's routes; the test-fault routes exist only when faults are enabled, so a
+/// production node answers 404 there like for any other unknown path.
+pub(crate) fn app(state: ApiState) -> Router {
+    let faults_enabled = state.faults.is_some();
+    let mut router = Router::new()
+        .route(LEADER_PATH, get(leader))
+        .route(TRANSFER_PATH, post(transfer))
+        .route(RESIGN_PATH, post(resign))
+        .route(METRICS_PATH, get(metrics))
+        .route(HEALTHZ_PATH, get(health));
+    if faults_enabled {
+        router = router.route(TEST_FAULTS_PATH, get(get_faults).post(set_faults));
+    }
+    finish(
+        router.with_state(Arc::new(state)),
+        API_NAME,
+        API_BODY_BYTES_MAX,
+    )
+}
+
+/// `GET /v1/leader`, plain or as a long poll.
+async fn leader(
+    State(state): State<Shared>,
+    query: Result<ApiQuery<LongPoll>, Problem>,
+) -> Result<ApiJson<LeaderView>, Problem> {
+    let ApiQuery(poll) = query.map_err(|p| state.problem(p))?;
     let mut rx = state.leadership.clone();
     let now = *rx.borrow_and_update();
-    if after_term.is_none() && timeout_ms.is_none() {
-        return json(StatusCode::OK, &view(state, &now));
+    if !poll.is_poll() {
+        return Ok(ApiJson(state.view(&now)));
     }
-    let after_term = after_term.unwrap_or(now.term);
-    let timeout_ms = timeout_ms
+    let after_term = poll.after_term.unwrap_or(now.term);
+    let timeout_ms = poll
+        .timeout_ms
         .unwrap_or(LONG_POLL_TIMEOUT_MS_DEFAULT)
         .min(LONG_POLL_TIMEOUT_MS_MAX);
-    // Besides the contract's "term above N or role changed", any other change of the view
-    // (leader learned, token established or withdrawn, announcement done) also answers:
-    // a client waiting for the token to appear would otherwise wait out the timeout.
+    // Besides "term above N or role changed", any other change of the view (leader
+    // learned, token established or withdrawn, announcement done) also answers: a client
+    // waiting for the token to appear would otherwise wait out the timeout.
     let changed = |l: &Leadership| {
         l.term > after_term
             || (l.role, l.leader_id, l.token, l.announced)
@@ -272,100 +155,93 @@ async fn leader(
     };
     if !changed(&now) {
         tokio::select! {
-            () = shutdown.cancelled() => {}
+            () = state.shutdown.cancelled() => {}
             _ = tokio::time::timeout(Duration::from_millis(timeout_ms), rx.wait_for(changed)) => {}
         }
     }
     let latest = *state.leadership.borrow();
-    json(StatusCode::OK, &view(state, &latest))
+    Ok(ApiJson(state.view(&latest)))
 }
 
-/// Reads a JSON body of at most [`API_BODY_BYTES_MAX`] bytes, or answers the problem;
-/// `expected` shows the right shape in the answer.
-async fn json_body<T: serde::de::DeserializeOwned>(
-    state: &ApiState,
-    req: Request<Incoming>,
-    expected: &str,
-) -> Result<T, Response<Body>> {
-    let body = match Limited::new(req.into_body(), API_BODY_BYTES_MAX)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(err) => {
-            return Err(problem(
-                state,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body-too-large",
-                "Request body too large or unreadable",
-                &format!("the body must be at most {API_BODY_BYTES_MAX} bytes: {err}"),
-                None,
-            ));
-        }
-    };
-    serde_json::from_slice::<T>(&body).map_err(|err| {
-        problem(
-            state,
-            StatusCode::BAD_REQUEST,
-            "bad-body",
-            "Bad request body",
-            &format!("expected {expected}: {err}"),
-            None,
-        )
-    })
+/// `POST /v1/transfer`.
+async fn transfer(
+    State(state): State<Shared>,
+    body: Result<ApiJson<TransferRequest>, Problem>,
+) -> Result<ApiJson<Transferred>, Problem> {
+    let ApiJson(request) = body.map_err(|p| state.problem(p))?;
+    let outcome = state.commands.transfer(Some(request.to)).await;
+    outcome
+        .map(ApiJson)
+        .map_err(|err| transfer_problem(state.node_id, &err))
 }
 
-async fn transfer(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
-    let to = match json_body::<TransferBody>(state, req, r#"{"to":NODE_ID}"#).await {
-        Ok(b) => b.to,
-        Err(answer) => return answer,
-    };
-    transfer_outcome(state, state.commands.transfer(Some(to)).await)
+/// `POST /v1/resign`.
+async fn resign(State(state): State<Shared>) -> Result<ApiJson<Transferred>, Problem> {
+    let outcome = state.commands.transfer(None).await;
+    outcome
+        .map(ApiJson)
+        .map_err(|err| transfer_problem(state.node_id, &err))
+}
+
+/// `GET /metrics`.
+async fn metrics(State(state): State<Shared>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, PROMETHEUS_TEXT)],
+        state.metrics.render(),
+    )
+}
+
+/// `GET /healthz`: healthy while the election loop runs.
+async fn health(State(state): State<Shared>) -> Result<ApiJson<Health>, Problem> {
+    if state.commands.is_running() {
+        Ok(ApiJson(Health::ok(Some(state.node_id))))
+    } else {
+        Err(state.problem(
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "node-stopped",
+                "the election loop stopped; see the node's log",
+            )
+            .with_title("The election loop is not running"),
+        ))
+    }
+}
+
+/// `GET /v1/test/faults`.
+async fn get_faults(State(state): State<Shared>) -> ApiJson<FaultSpec> {
+    ApiJson(state.faults.as_ref().map(|f| f.get()).unwrap_or_default())
 }
 
 /// `POST /v1/test/faults`: replaces the faults of this node's links.
-async fn set_faults(state: &ApiState, req: Request<Incoming>) -> Response<Body> {
+async fn set_faults(
+    State(state): State<Shared>,
+    body: Result<ApiJson<FaultSpec>, Problem>,
+) -> Result<ApiJson<FaultSpec>, Problem> {
+    let ApiJson(spec) = body.map_err(|p| state.problem(p))?;
     let Some(faults) = state.faults.as_ref() else {
-        return problem(
-            state,
+        // The route exists only with faults enabled; this answers the same as without it.
+        return Err(state.problem(Problem::new(
             StatusCode::NOT_FOUND,
             "not-found",
-            "No such resource",
-            &FaultError::Disabled.to_string(),
-            None,
-        );
-    };
-    let spec = match json_body::<FaultSpec>(state, req, r#"{"drop":[ID,...],"delay_ms":{"ID":MS}}"#)
-        .await
-    {
-        Ok(spec) => spec,
-        Err(answer) => return answer,
+            FaultError::Disabled.to_string(),
+        )));
     };
     match faults.set(spec) {
         Ok(spec) => {
             warn!(drop = ?spec.drop, delay_ms = ?spec.delay_ms, "test faults set");
-            json(StatusCode::OK, &spec)
+            Ok(ApiJson(spec))
         }
-        Err(err) => problem(
-            state,
-            StatusCode::BAD_REQUEST,
-            "bad-faults",
-            "Fault spec refused",
-            &err.to_string(),
-            None,
-        ),
+        Err(err) => Err(state.problem(
+            Problem::new(StatusCode::BAD_REQUEST, "bad-faults", err.to_string())
+                .with_title("Fault spec refused"),
+        )),
     }
 }
 
-fn transfer_outcome(
-    state: &ApiState,
-    outcome: Result<crate::node::Transferred, TransferError>,
-) -> Response<Body> {
-    let err = match outcome {
-        Ok(done) => return json(StatusCode::OK, &done),
-        Err(err) => err,
-    };
-    let (status, reason, title, leader_id) = match &err {
+/// The problem that answers a failed transfer or resignation: its status, kind and title,
+/// and the leader to retry at when the error knows one.
+fn transfer_problem(node_id: u64, err: &TransferError) -> Problem {
+    let (status, kind, title, leader_id) = match err {
         TransferError::NotLeader { leader_id } => (
             StatusCode::CONFLICT,
             "not-leader",
@@ -409,82 +285,266 @@ fn transfer_outcome(
             None,
         ),
     };
-    problem(state, status, reason, title, &err.to_string(), leader_id)
-}
-
-fn json(status: StatusCode, value: &impl Serialize) -> Response<Body> {
-    let bytes = serde_json::to_vec(value).unwrap_or_default();
-    let mut r = Response::new(Full::new(Bytes::from(bytes)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-fn problem(
-    state: &ApiState,
-    status: StatusCode,
-    reason: &str,
-    title: &str,
-    detail: &str,
-    leader_id: Option<u64>,
-) -> Response<Body> {
-    let mut body = serde_json::json!({
-        "type": format!("https://palisade.invalid/problems/{reason}"),
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-        "node_id": state.node_id,
-    });
-    if let Some(leader_id) = leader_id {
-        body["leader_id"] = serde_json::json!(leader_id);
-    }
-    let mut r = json(status, &body);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/problem+json"),
-    );
-    r
-}
-
-fn method_not_allowed(state: &ApiState, allow: &'static str) -> Response<Body> {
-    let mut r = problem(
-        state,
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
-        "Method not allowed",
-        &format!("this resource accepts {allow}"),
-        None,
-    );
-    r.headers_mut()
-        .insert(header::ALLOW, header::HeaderValue::from_static(allow));
-    r
+    Problem::new(status, kind, err.to_string())
+        .with_title(title)
+        .with_node(node_id, leader_id)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use http::Request;
+    use http_body_util::BodyExt as _;
+    use palisade_protocol::Role;
+    use palisade_protocol::headers::PROBLEM_JSON;
+    use tokio::sync::mpsc;
+    use tower::ServiceExt as _;
 
-    /// Goal: the long-poll query parser accepts the two parameters and names bad ones.
-    /// Method: parse good, malformed and unknown queries.
-    #[test]
-    fn long_poll_query_is_parsed_strictly() {
-        assert_eq!(long_poll_params(None), Ok((None, None)));
+    use super::*;
+    use crate::node::Msg;
+
+    /// A test node: its leadership sender, its inbox (kept so the loop counts as
+    /// running), and the app.
+    struct TestNode {
+        leadership: watch::Sender<Leadership>,
+        inbox: Option<mpsc::Receiver<Msg>>,
+        faults: bool,
+    }
+
+    impl TestNode {
+        fn new(faults: bool) -> Self {
+            let (leadership, _) = watch::channel(Leadership {
+                term: 7,
+                leader_id: Some(2),
+                role: Role::Follower,
+                token: None,
+                announced: false,
+            });
+            Self {
+                leadership,
+                inbox: None,
+                faults,
+            }
+        }
+
+        fn app(&mut self) -> Router {
+            let (tx, rx) = mpsc::channel(4);
+            self.inbox = Some(rx);
+            app(ApiState {
+                node_id: 1,
+                scope: Scope::default_scope(),
+                leadership: self.leadership.subscribe(),
+                commands: Commands::new(tx),
+                metrics: NodeMetrics::new(1),
+                faults: self
+                    .faults
+                    .then(|| Arc::new(LinkFaults::new(true, 1, [1, 2, 3]))),
+                shutdown: CancellationToken::new(),
+            })
+        }
+    }
+
+    struct Answer {
+        status: StatusCode,
+        content_type: String,
+        body: String,
+    }
+
+    impl Answer {
+        fn json(&self) -> serde_json::Value {
+            serde_json::from_str(&self.body).unwrap()
+        }
+    }
+
+    async fn call(app: Router, method: &str, uri: &str, body: &str) -> Answer {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(axum::body::Body::from(body.to_owned()))
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        Answer {
+            status,
+            content_type,
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        }
+    }
+
+    /// Goal: `GET /v1/leader` answers the contract's leader view of this node.
+    /// Method: publish a follower's leadership, read it back through the router.
+    #[tokio::test]
+    async fn leader_view_has_the_contract_shape() {
+        let mut node = TestNode::new(false);
+        let answer = call(node.app(), "GET", "/v1/leader", "").await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        let view: LeaderView = serde_json::from_str(&answer.body).unwrap();
         assert_eq!(
-            long_poll_params(Some("after_term=7&timeout_ms=500")),
-            Ok((Some(7), Some(500)))
+            view,
+            LeaderView {
+                node_id: 1,
+                scope: Scope::default_scope(),
+                term: 7,
+                leader_id: Some(2),
+                role: Role::Follower,
+                token: None,
+                announced: false,
+            }
         );
-        assert!(
-            long_poll_params(Some("after_term=-1"))
-                .unwrap_err()
-                .contains("after_term")
+    }
+
+    /// Goal: a long poll answers as soon as the view changes, with the new view.
+    /// Method: poll past the current term, publish a higher term while it waits.
+    #[tokio::test]
+    async fn long_poll_answers_on_a_new_term() {
+        let mut node = TestNode::new(false);
+        let app = node.app();
+        let poll = tokio::spawn(call(
+            app,
+            "GET",
+            "/v1/leader?after_term=7&timeout_ms=10000",
+            "",
+        ));
+        node.leadership.send_modify(|l| l.term = 8);
+        let answer = tokio::time::timeout(Duration::from_secs(5), poll)
+            .await
+            .expect("the long poll answered before its timeout")
+            .unwrap();
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(answer.json()["term"], 8);
+    }
+
+    /// Goal: an unknown or malformed query parameter is a 400 bad-query problem naming
+    /// this node and its leader, not a silently ignored long poll.
+    /// Method: a typo'd parameter name, then a negative term.
+    #[tokio::test]
+    async fn bad_long_poll_query_is_a_400_problem() {
+        let mut node = TestNode::new(false);
+        for query in ["after-term=1", "after_term=-1"] {
+            let answer = call(node.app(), "GET", &format!("/v1/leader?{query}"), "").await;
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+            assert_eq!(answer.content_type, PROBLEM_JSON);
+            let problem: Problem = serde_json::from_str(&answer.body).unwrap();
+            assert_eq!(problem.kind(), "bad-query", "{query}");
+            assert_eq!((problem.node_id, problem.leader_id), (Some(1), Some(2)));
+        }
+    }
+
+    /// Goal: a transfer body that is not JSON is a 400 problem, one of the wrong shape a
+    /// 422 problem; neither reaches the election loop.
+    /// Method: post both; check the loop's inbox stayed empty.
+    #[tokio::test]
+    async fn bad_transfer_bodies_are_problems() {
+        let mut node = TestNode::new(false);
+        let answer = call(node.app(), "POST", "/v1/transfer", "{to:").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+        assert_eq!(
+            answer.json()["type"],
+            "https://palisade.invalid/problems/bad-body"
         );
-        assert!(
-            long_poll_params(Some("after-term=1"))
-                .unwrap_err()
-                .contains("after-term")
+        assert_eq!(answer.json()["node_id"], 1);
+        let answer = call(node.app(), "POST", "/v1/transfer", r#"{"too":2}"#).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            answer.body
         );
+        assert_eq!(answer.content_type, PROBLEM_JSON);
+        assert!(node.inbox.as_mut().unwrap().try_recv().is_err());
+    }
+
+    /// Goal: unknown paths and wrong methods are 404 and 405 problems.
+    /// Method: call an unknown path and `GET /v1/transfer`.
+    #[tokio::test]
+    async fn unknown_paths_and_methods_are_problems() {
+        let mut node = TestNode::new(false);
+        let answer = call(node.app(), "GET", "/v1/nope", "").await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{}", answer.body);
+        assert_eq!(answer.content_type, PROBLEM_JSON);
+        assert!(answer.body.contains("node API"), "{}", answer.body);
+        let answer = call(node.app(), "GET", "/v1/transfer", "").await;
+        assert_eq!(
+            answer.status,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{}",
+            answer.body
+        );
+        assert_eq!(answer.content_type, PROBLEM_JSON);
+    }
+
+    /// Goal: the test-fault routes do not exist on a node without test faults, and work
+    /// on one with them.
+    /// Method: GET and POST them on both kinds of node.
+    #[tokio::test]
+    async fn faults_route_exists_only_when_enabled() {
+        let mut off = TestNode::new(false);
+        for method in ["GET", "POST"] {
+            let answer = call(off.app(), method, "/v1/test/faults", r#"{"drop":[2]}"#).await;
+            assert_eq!(
+                answer.status,
+                StatusCode::NOT_FOUND,
+                "{method}: {}",
+                answer.body
+            );
+            assert_eq!(answer.content_type, PROBLEM_JSON);
+        }
+        let mut on = TestNode::new(true);
+        let answer = call(on.app(), "POST", "/v1/test/faults", r#"{"drop":[2]}"#).await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert_eq!(answer.json()["drop"], serde_json::json!([2]));
+        let answer = call(on.app(), "POST", "/v1/test/faults", r#"{"drop":[9]}"#).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+        assert_eq!(
+            answer.json()["type"],
+            "https://palisade.invalid/problems/bad-faults"
+        );
+    }
+
+    /// Goal: `/healthz` is 200 with the node id while the loop runs, and a 503 problem
+    /// once it stopped.
+    /// Method: call it with the inbox open, then with the inbox dropped.
+    #[tokio::test]
+    async fn health_follows_the_election_loop() {
+        let mut node = TestNode::new(false);
+        let app = node.app();
+        let answer = call(app.clone(), "GET", "/healthz", "").await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        let health: Health = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(health, Health::ok(Some(1)));
+        node.inbox = None;
+        let answer = call(app, "GET", "/healthz", "").await;
+        assert_eq!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{}",
+            answer.body
+        );
+        assert_eq!(
+            answer.json()["type"],
+            "https://palisade.invalid/problems/node-stopped"
+        );
+    }
+
+    /// Goal: each transfer error maps to its status and kind, and names the leader to
+    /// retry at when it knows one.
+    /// Method: map a not-leader and a superseded error.
+    #[test]
+    fn transfer_errors_map_to_problems() {
+        let p = transfer_problem(1, &TransferError::NotLeader { leader_id: Some(3) });
+        assert_eq!((p.status, p.kind()), (409, "not-leader"));
+        assert_eq!((p.node_id, p.leader_id), (Some(1), Some(3)));
+        let p = transfer_problem(1, &TransferError::TimedOut { to: 2, ticks: 30 });
+        assert_eq!(
+            (p.status, p.kind(), p.leader_id),
+            (504, "transfer-timeout", None)
+        );
+        assert!(p.detail.contains("30 ticks"), "{}", p.detail);
     }
 }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use palisade_protocol::{DEFAULT_SCOPE, Scope};
 use serde::{Deserialize, Serialize};
 
 /// Default tick period. The notes recommend 50-100 ms: short enough for a failover in about
@@ -20,8 +21,6 @@ pub const ELECTION_TICKS_MAX: u64 = 10_000;
 /// Default heartbeat interval in ticks. One tick keeps followers' election timers far from
 /// expiring even when one heartbeat is lost (the notes recommend 1-2).
 pub const HEARTBEAT_TICKS_DEFAULT: u64 = 1;
-/// Longest accepted scope name, in bytes (the proxy's rule).
-pub const SCOPE_BYTES_MAX: usize = 128;
 /// Most peers (voters, self included) a cluster may name.
 pub const PEERS_MAX: usize = 15;
 /// Most `--announce` proxies.
@@ -41,7 +40,7 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Address of the HTTP API (`None`: no API, for embedding).
     pub api: Option<SocketAddr>,
-    /// The fencing scope this cluster's tokens fence: 1-128 of `[A-Za-z0-9._-]`.
+    /// The fencing scope this cluster's tokens fence; [`Scope::check`] is the rule.
     pub scope: String,
     /// Admin base URLs (`http://HOST:PORT`) of proxies to fence on election.
     pub announce: Vec<String>,
@@ -71,7 +70,7 @@ impl Default for NodeConfig {
             peers: BTreeMap::new(),
             data_dir: PathBuf::new(),
             api: None,
-            scope: "default".to_owned(),
+            scope: DEFAULT_SCOPE.to_owned(),
             announce: Vec::new(),
             tick_ms: TICK_MS_DEFAULT,
             election_ticks: ELECTION_TICKS_DEFAULT,
@@ -103,15 +102,6 @@ impl ConfigError {
             message: message.into(),
         }
     }
-}
-
-/// Whether `scope` is 1-128 of `[A-Za-z0-9._-]`.
-pub fn is_valid_scope(scope: &str) -> bool {
-    !scope.is_empty()
-        && scope.len() <= SCOPE_BYTES_MAX
-        && scope
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// Splits `HOST:PORT` (host may be a bracketed IPv6 literal); `None` when malformed.
@@ -162,15 +152,7 @@ impl NodeConfig {
         if self.data_dir.as_os_str().is_empty() {
             return Err(ConfigError::new("data_dir", "is required"));
         }
-        if !is_valid_scope(&self.scope) {
-            return Err(ConfigError::new(
-                "scope",
-                format!(
-                    "{:?} is not 1-{SCOPE_BYTES_MAX} characters of [A-Za-z0-9._-]",
-                    self.scope
-                ),
-            ));
-        }
+        Scope::check(&self.scope).map_err(|err| ConfigError::new("scope", err.to_string()))?;
         if self.announce.len() > ANNOUNCE_URLS_MAX {
             return Err(ConfigError::new(
                 "announce",

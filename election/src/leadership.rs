@@ -3,43 +3,15 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A node's raft role, as the API reports it. raft's pre-candidate is reported as
-/// `candidate`: both are campaigning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Follows a leader, or waits for one.
-    Follower,
-    /// Campaigning (pre-vote or vote).
-    Candidate,
-    /// The raft leader of `term`; a fencing token only once established.
-    Leader,
-}
+pub use palisade_protocol::Role;
 
-impl Role {
-    /// The API spelling: `leader`, `follower` or `candidate`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Follower => "follower",
-            Role::Candidate => "candidate",
-            Role::Leader => "leader",
-        }
-    }
-}
-
-impl From<raft::StateRole> for Role {
-    fn from(state: raft::StateRole) -> Self {
-        match state {
-            raft::StateRole::Follower => Role::Follower,
-            raft::StateRole::Candidate | raft::StateRole::PreCandidate => Role::Candidate,
-            raft::StateRole::Leader => Role::Leader,
-        }
-    }
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+/// The API role of a raft state: raft's pre-candidate is reported as `candidate`, since
+/// both campaign.
+pub(crate) fn role_of(state: raft::StateRole) -> Role {
+    match state {
+        raft::StateRole::Follower => Role::Follower,
+        raft::StateRole::Candidate | raft::StateRole::PreCandidate => Role::Candidate,
+        raft::StateRole::Leader => Role::Leader,
     }
 }
 

@@ -29,15 +29,16 @@
 //!
 //! # Layout
 //! - `config`: [`NodeConfig`], its defaults and limits, and validation naming the bad field.
-//! - `leadership`: [`Leadership`] and [`Role`], what the watch channel and the API report.
-//! - `node`: [`Node::start`], [`NodeHandle`], and the election loop that owns the `RawNode`
-//!   and handles each `Ready` in the documented order.
+//! - `leadership`: [`Leadership`], what the watch channel publishes, and the raft-role
+//!   mapping to the API's [`Role`].
+//! - `node`: [`Node::start`], [`NodeHandle`], the errors, and the election loop that owns
+//!   the `RawNode` and handles each `Ready` in the order raft-rs documents.
 //! - `transport`: the peer protocol (length-prefixed prost frames carrying protobuf raft
 //!   messages), inbound checks, the TCP transport, its test faults (drop or delay per peer,
 //!   off unless enabled), and the in-memory test network.
 //! - `announce`: fencing the configured proxies when this node becomes established.
-//! - `api`: the HTTP API (`/v1/leader` with long poll, `/v1/transfer`, `/v1/resign`,
-//!   `/metrics`, `/healthz`).
+//! - `api`: the HTTP API on axum (`/v1/leader` with long poll, `/v1/transfer`,
+//!   `/v1/resign`, `/metrics`, `/healthz`, and the test-fault route when enabled).
 //! - `metrics`: the node's own Prometheus recorder and metric handles.
 #![deny(missing_docs)]
 
@@ -51,19 +52,23 @@ pub mod transport;
 
 pub use announce::{ANNOUNCE_BACKOFF_MAX_MS, ANNOUNCE_BACKOFF_MIN_MS, ANNOUNCE_TIMEOUT_MS};
 pub use api::{
-    API_BODY_BYTES_MAX, API_CONNECTIONS_MAX, LONG_POLL_TIMEOUT_MS_DEFAULT,
-    LONG_POLL_TIMEOUT_MS_MAX, LeaderView,
+    API_BODY_BYTES_MAX, API_CONNECTIONS_MAX, API_DRAIN_TIMEOUT_MS, API_HEADER_TIMEOUT_MS,
+    LONG_POLL_TIMEOUT_MS_DEFAULT, LONG_POLL_TIMEOUT_MS_MAX,
 };
 pub use config::{
     ConfigError, ELECTION_TICKS_DEFAULT, ELECTION_TICKS_MAX, HEARTBEAT_TICKS_DEFAULT, NodeConfig,
-    PEERS_MAX, SCOPE_BYTES_MAX, TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, is_valid_scope,
-    split_host_port,
+    PEERS_MAX, TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, split_host_port,
 };
-pub use leadership::{Leadership, Role};
+pub use leadership::Leadership;
 pub use node::{
     INBOX_MAX, Node, NodeError, NodeHandle, StartError, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
-    Transferred,
 };
-pub use transport::faults::{FAULT_DELAY_MS_MAX, FaultSpec};
+/// The wire types of the node API, defined once in `palisade_protocol` and re-exported
+/// here so embedders need not name that crate.
+pub use palisade_protocol::{
+    FaultSpec, Health, LeaderView, LongPoll, Problem, Role, SCOPE_BYTES_MAX, Scope,
+    TransferRequest, Transferred,
+};
+pub use transport::faults::FAULT_DELAY_MS_MAX;
 pub use transport::mem::MemNetwork;
 pub use transport::{FRAME_BYTES_MAX, PEER_QUEUE_MAX};

@@ -15,33 +15,16 @@
 //!
 //! [`NodeConfig::test_faults`]: crate::NodeConfig::test_faults
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+pub use palisade_protocol::FaultSpec;
 
 /// Longest delay a link may be given: a minute is far beyond any election timeout, so a
 /// larger value is certainly a mistake.
 pub const FAULT_DELAY_MS_MAX: u64 = 60_000;
-
-/// The faults of one node's links, as the control route reads and replaces them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FaultSpec {
-    /// Peers cut off both ways: sends to them and receipts from them are discarded.
-    pub drop: BTreeSet<u64>,
-    /// Extra latency in milliseconds of what this node sends to each peer.
-    pub delay_ms: BTreeMap<u64, u64>,
-}
-
-impl FaultSpec {
-    /// Whether nothing is injected.
-    pub fn is_empty(&self) -> bool {
-        self.drop.is_empty() && self.delay_ms.values().all(|&d| d == 0)
-    }
-}
 
 /// What to do with one outgoing message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

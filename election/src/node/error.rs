@@ -1,0 +1,109 @@
+//! The errors of starting a node, of a running node, and of a leadership transfer.
+
+use palisade_storage::{OpenError, RaftLogError};
+
+use crate::config::ConfigError;
+
+/// Why a transfer or resignation did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransferError {
+    /// Resigning needs leadership, and transferring needs a known leader.
+    #[error("this node is not the leader (leader: {leader_id:?})")]
+    NotLeader {
+        /// The leader this node knows, if any.
+        leader_id: Option<u64>,
+    },
+    /// The target is not a voter of this cluster.
+    #[error("node {to} is not a voter of this cluster")]
+    UnknownNode {
+        /// The requested target.
+        to: u64,
+    },
+    /// There is no other voter to resign to.
+    #[error("there is no other voter to transfer leadership to")]
+    NoCandidate,
+    /// raft refused or abandoned the transfer (the target did not catch up in time, or a
+    /// higher-priority voter refused to vote for it).
+    #[error("raft refused or abandoned the transfer to node {to} in term {term}")]
+    Refused {
+        /// The requested target.
+        to: u64,
+        /// The term the transfer was started in.
+        term: u64,
+    },
+    /// Another node than the target became leader.
+    #[error("node {leader_id} became leader in term {term} instead of node {to}")]
+    Superseded {
+        /// The requested target.
+        to: u64,
+        /// The leader that won.
+        leader_id: u64,
+        /// Its term.
+        term: u64,
+    },
+    /// No outcome within the deadline.
+    #[error("transfer to node {to} did not complete within {ticks} ticks")]
+    TimedOut {
+        /// The requested target.
+        to: u64,
+        /// The deadline in ticks.
+        ticks: u64,
+    },
+    /// The node stopped before the transfer completed.
+    #[error("the node stopped")]
+    Stopped,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A configuration value is wrong.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The database could not be opened.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The raft log could not be loaded.
+    #[error(transparent)]
+    Log(#[from] RaftLogError),
+    /// raft refused the stored state.
+    #[error("raft refused to start: {0}")]
+    Raft(#[from] raft::Error),
+    /// An address could not be bound.
+    #[error("cannot bind the {what} address {addr}: {source}")]
+    Bind {
+        /// `peer` or `api`.
+        what: &'static str,
+        /// The address.
+        addr: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A start-up task failed.
+    #[error("start-up task failed: {0}")]
+    Task(String),
+}
+
+impl StartError {
+    /// Whether this is a configuration error (the CLI exits 2 for these).
+    pub fn is_config(&self) -> bool {
+        matches!(self, StartError::Config(_))
+    }
+}
+
+/// Why a running node stopped on its own.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// Writing the raft log failed. The node stops: continuing could break raft's promises.
+    #[error("raft log write failed: {0}")]
+    Storage(String),
+    /// A blocking storage task panicked or was cancelled.
+    #[error("storage task failed: {0}")]
+    Task(String),
+    /// The loop task panicked.
+    #[error("election loop failed: {0}")]
+    Loop(String),
+}

@@ -1,0 +1,175 @@
+//! The ways into a running election loop: [`NodeHandle`] for the embedding application,
+//! and `Commands`, the cloneable sender the API and the announcer use.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{Msg, NodeError, SHUTDOWN_TASKS_TIMEOUT_MS, TransferError, Transferred};
+use crate::leadership::{Leadership, Role};
+use crate::metrics::NodeMetrics;
+
+/// A cloneable way to send requests into the loop.
+#[derive(Clone)]
+pub(crate) struct Commands {
+    tx: mpsc::Sender<Msg>,
+}
+
+impl Commands {
+    /// Commands into the loop that reads `tx`'s inbox.
+    pub(crate) fn new(tx: mpsc::Sender<Msg>) -> Self {
+        Self { tx }
+    }
+
+    pub(crate) async fn transfer(&self, to: Option<u64>) -> Result<Transferred, TransferError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Msg::Transfer { to, reply })
+            .await
+            .map_err(|_| TransferError::Stopped)?;
+        answer.await.map_err(|_| TransferError::Stopped)?
+    }
+
+    pub(crate) async fn announced(&self, term: u64) {
+        // Fails only when the loop stopped; then there is nothing to record.
+        let _ = self.tx.send(Msg::Announced { term }).await;
+    }
+
+    /// Whether the loop is still running (it closes its inbox when it stops).
+    pub(crate) fn is_running(&self) -> bool {
+        !self.tx.is_closed()
+    }
+}
+
+/// A running node. Dropping it does not stop the node; call [`NodeHandle::shutdown`] or
+/// [`NodeHandle::stop`].
+pub struct NodeHandle {
+    pub(super) id: u64,
+    pub(super) scope: String,
+    pub(super) leadership: watch::Receiver<Leadership>,
+    pub(super) commands: Commands,
+    pub(super) shutdown: CancellationToken,
+    pub(super) main: Option<tokio::task::JoinHandle<Result<(), NodeError>>>,
+    pub(super) outcome: Option<Result<(), NodeError>>,
+    pub(super) tasks: JoinSet<()>,
+    pub(super) api_addr: Option<SocketAddr>,
+    pub(super) peer_addr: Option<SocketAddr>,
+    pub(super) metrics: NodeMetrics,
+}
+
+impl std::fmt::Debug for NodeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHandle")
+            .field("id", &self.id)
+            .field("scope", &self.scope)
+            .field("leadership", &*self.leadership.borrow())
+            .field("api_addr", &self.api_addr)
+            .field("peer_addr", &self.peer_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeHandle {
+    /// This node's raft id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The fencing scope.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// A watch of this node's leadership; it changes after every election-loop cycle that
+    /// changes it. When the node stops, it shows no token.
+    pub fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.clone()
+    }
+
+    /// The address the HTTP API listens on, when it was configured.
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.api_addr
+    }
+
+    /// The address the peer listener is bound to (TCP transport only).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer_addr
+    }
+
+    /// The node's metrics in Prometheus text format.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.render()
+    }
+
+    /// Transfers leadership to `to` and waits for the outcome. On a follower the request
+    /// is forwarded to the known leader; `to` may be this node (asking for leadership).
+    #[tracing::instrument(skip(self), fields(node_id = self.id))]
+    pub async fn transfer(&self, to: u64) -> Result<Transferred, TransferError> {
+        self.commands.transfer(Some(to)).await
+    }
+
+    /// Transfers leadership to the best other voter (the one with the highest match
+    /// index). Only the leader can resign.
+    #[tracing::instrument(skip(self), fields(node_id = self.id))]
+    pub async fn resign(&self) -> Result<Transferred, TransferError> {
+        self.commands.transfer(None).await
+    }
+
+    /// Resolves when the node stops on its own (a fatal storage error) or after a stop.
+    pub async fn wait(&mut self) -> Result<(), NodeError> {
+        if let Some(main) = self.main.as_mut() {
+            let outcome = match main.await {
+                Ok(r) => r,
+                Err(e) => Err(NodeError::Loop(e.to_string())),
+            };
+            self.main = None;
+            self.outcome = Some(outcome);
+        }
+        self.outcome.clone().unwrap_or(Ok(()))
+    }
+
+    /// Stops gracefully: a leader first hands leadership to the best other voter (bounded
+    /// by the transfer deadline; failure is logged, not fatal), then everything stops.
+    #[tracing::instrument(skip(self), fields(node_id = self.id))]
+    pub async fn shutdown(self) -> Result<(), NodeError> {
+        if self.leadership.borrow().role == Role::Leader && self.commands.is_running() {
+            match self.resign().await {
+                Ok(t) => info!(
+                    to = t.to,
+                    term = t.term,
+                    "handed leadership over before stopping"
+                ),
+                Err(err) => warn!(cause = %err, "could not hand leadership over before stopping"),
+            }
+        }
+        self.stop().await
+    }
+
+    /// Stops at once: the loop, the transport, the announcer and the API. Pending requests
+    /// are answered `Stopped`, and the leadership watch shows no token.
+    pub async fn stop(mut self) -> Result<(), NodeError> {
+        self.shutdown.cancel();
+        let outcome = self.wait().await;
+        debug!(node_id = self.id, "election loop stopped");
+        let mut tasks = std::mem::take(&mut self.tasks);
+        let joined = tokio::time::timeout(
+            Duration::from_millis(SHUTDOWN_TASKS_TIMEOUT_MS),
+            async move { while tasks.join_next().await.is_some() {} },
+        )
+        .await;
+        if joined.is_ok() {
+            debug!(node_id = self.id, "background tasks stopped");
+        } else {
+            warn!(
+                node_id = self.id,
+                timeout_ms = SHUTDOWN_TASKS_TIMEOUT_MS,
+                "background tasks did not stop in time; aborted"
+            );
+        }
+        outcome
+    }
+}

@@ -1,0 +1,302 @@
+//! The node: starting it, its handle, and the election loop that owns the `RawNode`.
+//!
+//! One task owns the `RawNode` (no `Arc<Mutex<RawNode>>`). Everything else talks to it
+//! through one bounded inbox of [`Msg`]: peer traffic from the transport, transfer requests
+//! from the API or the embedding application, and the announcer's reports. Ticks come from
+//! a `tokio::time::interval` with `MissedTickBehavior::Delay`, so a node that was paused
+//! does not fire a burst of ticks (and a spurious election) when it resumes.
+//!
+//! After every wake-up the loop handles raft's `Ready` in the order raft-rs documents for
+//! `RawNode` and then publishes a [`Leadership`] on a watch channel.
+//!
+//! # Layout
+//! - `mod.rs` (this file): the limits, the inbox message, [`Node::start`].
+//! - `error`: [`StartError`], [`NodeError`], [`TransferError`].
+//! - `handle`: [`NodeHandle`] and `Commands`, the ways into a running loop.
+//! - `ready`: `ElectionLoop`, the task that owns the `RawNode` and handles each `Ready`.
+//! - `transfer`: starting leadership transfers and answering them once decided.
+//! - `publish`: turning raft's state into the published [`Leadership`].
+
+mod error;
+mod handle;
+mod publish;
+mod ready;
+mod transfer;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use raft::RawNode;
+use raft::eraftpb::Message;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, info, info_span, warn};
+
+use palisade_protocol::Scope;
+use palisade_protocol::process::events;
+use palisade_storage::{RaftLog, RaftLogError};
+
+use crate::config::{ConfigError, NodeConfig};
+use crate::leadership::Leadership;
+use crate::metrics::NodeMetrics;
+use crate::transport::faults::LinkFaults;
+use crate::transport::mem::MemNetwork;
+use crate::transport::{PeerInbox, Transport};
+
+pub use error::{NodeError, StartError, TransferError};
+pub(crate) use handle::Commands;
+pub use handle::NodeHandle;
+pub use palisade_protocol::Transferred;
+use ready::ElectionLoop;
+
+/// Messages the inbox holds. Peer traffic waits (back-pressure onto its connection) when it
+/// is full; a few hundred covers a burst from every peer with room to spare.
+pub const INBOX_MAX: usize = 1024;
+/// Messages taken from the inbox before one `Ready` is handled, so a burst shares one fsync
+/// while ticks still run on time.
+pub const INBOX_BATCH_MAX: usize = 256;
+/// `Ready` rounds handled per wake-up: advancing can make a new `Ready` at once (a commit
+/// learned while persisting); a bound keeps the loop from starving its tick.
+pub const READY_ROUNDS_MAX: usize = 8;
+/// A transfer that has not completed within this many election timeouts is answered
+/// `TimedOut` (raft itself abandons a transfer after one election timeout).
+pub const TRANSFER_TIMEOUT_ELECTIONS: u64 = 3;
+/// Entries kept behind the applied index when the log is compacted. Lagging followers
+/// within this distance catch up by appends, farther ones by a (metadata-only) snapshot.
+pub const LOG_ENTRIES_RETAINED: u64 = 1_000;
+/// Compaction runs once this many more entries than [`LOG_ENTRIES_RETAINED`] accumulated.
+pub const LOG_COMPACT_STEP: u64 = 1_000;
+/// Time [`NodeHandle::shutdown`] waits for background tasks after the loop stopped.
+pub const SHUTDOWN_TASKS_TIMEOUT_MS: u64 = 2_000;
+
+/// The one message type of the election loop's inbox.
+pub(crate) enum Msg {
+    /// A raft message from a peer, already checked by the transport.
+    Raft(Box<Message>),
+    /// Transfer leadership to `to`, or to the best other voter when `None` (resign).
+    Transfer {
+        to: Option<u64>,
+        reply: oneshot::Sender<Result<Transferred, TransferError>>,
+    },
+    /// Every announce proxy accepted the token `term`.
+    Announced { term: u64 },
+}
+
+/// Entry point for running a node.
+#[derive(Debug)]
+pub struct Node;
+
+impl Node {
+    /// Starts a node with its redb log under `config.data_dir`, TCP to its peers, and the
+    /// HTTP API when `config.api` is set.
+    #[tracing::instrument(skip_all, fields(node_id = config.id))]
+    pub async fn start(config: NodeConfig) -> Result<NodeHandle, StartError> {
+        config.validate()?;
+        let path = config.database_path();
+        let log = blocking_start(move || {
+            let db = palisade_storage::open_database(&path)?;
+            Ok::<_, StartError>(RaftLog::open(db)?)
+        })
+        .await?;
+        start(config, log, TransportSpec::Tcp).await
+    }
+
+    /// Starts a node whose peers are reached over the in-memory `net`, with its raft log in
+    /// `db` (typically an in-memory redb). `config.data_dir` is not used. For tests.
+    pub async fn start_in_memory(
+        mut config: NodeConfig,
+        db: Arc<redb::Database>,
+        net: &MemNetwork,
+    ) -> Result<NodeHandle, StartError> {
+        if config.data_dir.as_os_str().is_empty() {
+            config.data_dir = "<memory>".into();
+        }
+        config.validate()?;
+        let log = blocking_start(move || Ok::<_, StartError>(RaftLog::open(db)?)).await?;
+        start(config, log, TransportSpec::Memory(net.clone())).await
+    }
+}
+
+async fn blocking_start<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StartError> + Send + 'static,
+) -> Result<T, StartError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StartError::Task(e.to_string()))?
+}
+
+enum TransportSpec {
+    Tcp,
+    Memory(MemNetwork),
+}
+
+async fn start(
+    config: NodeConfig,
+    log: RaftLog,
+    transport: TransportSpec,
+) -> Result<NodeHandle, StartError> {
+    let id = config.id;
+    let voters: Vec<u64> = config.peers.keys().copied().collect();
+    {
+        let log = log.clone();
+        blocking_start(move || match log.initialize(&voters) {
+            Err(RaftLogError::ConfStateMismatch { stored, configured }) => Err(ConfigError::new(
+                "peers",
+                format!(
+                    "names voters {configured:?} but this node's log was created with \
+                         {stored:?}; membership changes are not supported"
+                ),
+            )
+            .into()),
+            other => Ok(other?),
+        })
+        .await?;
+    }
+    // `validate` checked the scope already; this turns it into the API's type.
+    let scope = Scope::new(config.scope.clone())
+        .map_err(|err| ConfigError::new("scope", err.to_string()))?;
+    let raft_config = config.raft_config();
+    let logger = slog::Logger::root(tracing_slog::TracingSlogDrain, slog::o!());
+    let raw_node = {
+        let _span = info_span!("node", node_id = id).entered();
+        RawNode::new(&raft_config, log.clone(), &logger)?
+    };
+    let hard_state = log.hard_state();
+
+    let shutdown = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    let (tx, rx) = mpsc::channel(INBOX_MAX);
+    let inbox = PeerInbox::new(tx.clone());
+    // Test faults exist only on the TCP transport; the in-memory one has its own cuts.
+    let faults = Arc::new(LinkFaults::new(
+        config.test_faults && matches!(transport, TransportSpec::Tcp),
+        id,
+        config.peers.keys().copied(),
+    ));
+    if faults.is_enabled() {
+        warn!(
+            node_id = id,
+            "test faults enabled (PALISADE_TEST_FAULTS): POST /v1/test/faults can drop or delay raft traffic"
+        );
+    }
+    let (transport, peer_addr): (Box<dyn Transport>, Option<SocketAddr>) = match transport {
+        TransportSpec::Tcp => {
+            let (t, addr) = crate::transport::tcp::start(
+                id,
+                &config.peers,
+                inbox,
+                Arc::clone(&faults),
+                &shutdown,
+                &mut tasks,
+            )
+            .await
+            .map_err(|source| StartError::Bind {
+                what: "peer",
+                addr: config.peers.get(&id).cloned().unwrap_or_default(),
+                source,
+            })?;
+            (Box::new(t), Some(addr))
+        }
+        TransportSpec::Memory(net) => (Box::new(net.attach(id, inbox)), None),
+    };
+
+    let (leadership_tx, leadership_rx) = watch::channel(Leadership {
+        term: hard_state.term,
+        ..Leadership::default()
+    });
+    let metrics = NodeMetrics::new(id);
+    let commands = Commands::new(tx);
+
+    if !config.announce.is_empty() {
+        tasks.spawn(
+            crate::announce::run(crate::announce::Announcer {
+                scope: config.scope.clone(),
+                urls: config.announce.clone(),
+                leadership: leadership_rx.clone(),
+                commands: commands.clone(),
+                metrics: metrics.clone(),
+                shutdown: shutdown.clone(),
+            })
+            .instrument(info_span!("announcer", node_id = id, scope = %config.scope)),
+        );
+    }
+
+    let api_addr = match config.api {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Bind {
+                    what: "api",
+                    addr: addr.to_string(),
+                    source,
+                })?;
+            let bound = listener.local_addr().map_err(|source| StartError::Bind {
+                what: "api",
+                addr: addr.to_string(),
+                source,
+            })?;
+            tasks.spawn(
+                crate::api::serve(
+                    listener,
+                    crate::api::ApiState {
+                        node_id: id,
+                        scope,
+                        leadership: leadership_rx.clone(),
+                        commands: commands.clone(),
+                        metrics: metrics.clone(),
+                        faults: faults.is_enabled().then(|| Arc::clone(&faults)),
+                        shutdown: shutdown.clone(),
+                    },
+                )
+                .instrument(info_span!("api", node_id = id)),
+            );
+            Some(bound)
+        }
+        None => None,
+    };
+
+    let election_loop = ElectionLoop {
+        id,
+        raw_node,
+        log,
+        transport,
+        inbox: rx,
+        leadership: leadership_tx,
+        metrics: metrics.clone(),
+        no_proxies: config.announce.is_empty(),
+        transfers: Vec::new(),
+        unreachable: BTreeSet::new(),
+        snapshot_failed: BTreeSet::new(),
+        transfer_ticks: TRANSFER_TIMEOUT_ELECTIONS * config.election_ticks,
+        shutdown: shutdown.clone(),
+    };
+    let main = tokio::spawn(
+        election_loop
+            .run(config.tick())
+            .instrument(info_span!("node", node_id = id)),
+    );
+    info!(
+        event = events::NODE_STARTED,
+        node_id = id,
+        scope = %config.scope,
+        term = hard_state.term,
+        peer_addr = ?peer_addr,
+        api_addr = ?api_addr,
+        "node started"
+    );
+    Ok(NodeHandle {
+        id,
+        scope: config.scope,
+        leadership: leadership_rx,
+        commands,
+        shutdown,
+        main: Some(main),
+        outcome: None,
+        tasks,
+        api_addr,
+        peer_addr,
+        metrics,
+    })
+}

@@ -1,0 +1,319 @@
+//! The election loop: the one task that owns the `RawNode`. It ticks raft, steps the
+//! messages of its inbox, and handles each `Ready` in the order raft-rs documents for
+//! `RawNode` (see [`ElectionLoop::on_ready`]), then publishes the leadership.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeV2, Entry, EntryType, Message, MessageType};
+use raft::{RawNode, SnapshotStatus, Storage as _};
+use tokio::sync::{mpsc, watch};
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use palisade_protocol::process::events;
+use palisade_storage::{RaftLog, RaftLogError, ReadyWrite};
+
+use super::transfer::PendingTransfer;
+use super::{
+    INBOX_BATCH_MAX, LOG_COMPACT_STEP, LOG_ENTRIES_RETAINED, Msg, NodeError, READY_ROUNDS_MAX,
+    TransferError,
+};
+use crate::leadership::{Leadership, Role};
+use crate::metrics::NodeMetrics;
+use crate::transport::{Delivery, Transport};
+
+/// The election loop's state. Owned by one task.
+pub(super) struct ElectionLoop {
+    pub(super) id: u64,
+    pub(super) raw_node: RawNode<RaftLog>,
+    /// A handle on the same log the `RawNode` reads, for writes from blocking tasks.
+    pub(super) log: RaftLog,
+    pub(super) transport: Box<dyn Transport>,
+    pub(super) inbox: mpsc::Receiver<Msg>,
+    pub(super) leadership: watch::Sender<Leadership>,
+    pub(super) metrics: NodeMetrics,
+    /// No `--announce` proxies: a token counts as announced once established.
+    pub(super) no_proxies: bool,
+    pub(super) transfers: Vec<PendingTransfer>,
+    /// Peers a message could not be queued for since the last report.
+    pub(super) unreachable: BTreeSet<u64>,
+    /// Peers a snapshot could not be queued for since the last report.
+    pub(super) snapshot_failed: BTreeSet<u64>,
+    pub(super) transfer_ticks: u64,
+    pub(super) shutdown: CancellationToken,
+}
+
+impl ElectionLoop {
+    /// Runs until shutdown or a fatal storage error, then leaves the node showing no
+    /// token and answers every pending request.
+    pub(super) async fn run(mut self, tick_period: Duration) -> Result<(), NodeError> {
+        let mut tick = tokio::time::interval(tick_period);
+        // Delay, not the default Burst: after a pause (SIGSTOP, a slow fsync) a burst of
+        // ticks would expire the election timer at once and start a needless election.
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // The first tick of an interval completes at once; consume it so the first real
+        // tick comes one period after start.
+        tick.tick().await;
+        self.publish();
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => break Ok(()),
+                _ = tick.tick() => self.on_tick(),
+                msg = self.inbox.recv() => match msg {
+                    Some(msg) => self.on_msg(msg),
+                    None => break Ok(()),
+                },
+            }
+            for _ in 0..INBOX_BATCH_MAX {
+                match self.inbox.try_recv() {
+                    Ok(msg) => self.on_msg(msg),
+                    Err(_) => break,
+                }
+            }
+            // A step-down (check-quorum in `tick`, a higher term in `step`) or a transfer
+            // takes the token away now, not after the Ready's fsync. Only the withdrawal is
+            // published early: a new term is shown only once it is durable.
+            self.withdraw_token_if_lost();
+            if let Err(err) = self.on_ready().await {
+                error!(node_id = self.id, cause = %err, "election loop stopped");
+                break Err(err);
+            }
+            self.publish();
+            self.check_transfers();
+        };
+        self.stop();
+        outcome
+    }
+
+    /// Handles `Ready`s until raft has none (at most [`READY_ROUNDS_MAX`] rounds), each in
+    /// the order raft-rs documents for `RawNode`: every step below depends on the one
+    /// before it having happened, and reordering them breaks raft's safety or liveness.
+    async fn on_ready(&mut self) -> Result<(), NodeError> {
+        for _ in 0..READY_ROUNDS_MAX {
+            if !self.raw_node.has_ready() {
+                break;
+            }
+            let mut ready = self.raw_node.ready();
+
+            // 1. A leader may send its messages before persisting its own entries (the raft
+            //    thesis, section 10.2.1): followers persist in parallel, and the leader only
+            //    counts itself in a quorum once its write is done. For every other role this
+            //    is empty.
+            let early = ready.take_messages();
+            self.send(early);
+
+            // 2. Persist the snapshot, then the entries, then the hard state, in one redb
+            //    transaction, so a crash never leaves a hard state that points past the
+            //    entries. It is fsynced (Durability::Immediate) even when `must_sync()` is
+            //    false: redb 4 has no cheaper durable level, and RaftLog's docs say why that
+            //    is fine.
+            let write = ReadyWrite {
+                snapshot: (!ready.snapshot().is_empty()).then(|| ready.snapshot().clone()),
+                entries: ready.take_entries(),
+                hard_state: ready.hs().cloned(),
+            };
+            if !write.is_empty() {
+                let log = self.log.clone();
+                blocking(move || log.persist(&write)).await?;
+            }
+
+            // 3. Only now send what depends on that write: vote grants and append acks. A
+            //    vote sent before its fsync could be cast twice after a crash.
+            let persisted = ready.take_persisted_messages();
+            self.send(persisted);
+
+            // 4. Apply the committed entries; raft hands out only entries that are both
+            //    committed and persisted here. There is no state machine: only conf changes
+            //    do anything.
+            let committed = ready.take_committed_entries();
+            self.apply(committed).await?;
+
+            // 5. Advance: raft learns that this Ready is persisted and returns a LightReady
+            //    with what that made possible.
+            let mut light = self.raw_node.advance(ready);
+
+            // 5a. Persist the new commit index, so a restart does not re-apply entries it
+            //     already applied.
+            if let Some(commit) = light.commit_index() {
+                let log = self.log.clone();
+                blocking(move || log.set_commit(commit)).await?;
+            }
+
+            // 5b. Send the LightReady's messages (only a leader has any: appends it could
+            //     not send before its own write finished).
+            let more = light.take_messages();
+            self.send(more);
+
+            // 5c. Apply its committed entries, which the persist in step 2 made safe.
+            let committed = light.take_committed_entries();
+            self.apply(committed).await?;
+
+            // 5d. Tell raft they are applied; without this `applied` freezes and the leader
+            //     never becomes established.
+            self.raw_node.advance_apply();
+
+            // 6. Report peers we could not send to, only now that advance has run: both
+            //    calls step raft internally, which must not happen inside a Ready.
+            for peer in std::mem::take(&mut self.unreachable) {
+                self.raw_node.report_unreachable(peer);
+            }
+            for peer in std::mem::take(&mut self.snapshot_failed) {
+                self.raw_node.report_snapshot(peer, SnapshotStatus::Failure);
+            }
+
+            // 7. Keep the log short: compact behind the applied index, so the redb file
+            //    does not grow with every term.
+            self.maybe_compact().await?;
+        }
+        Ok(())
+    }
+
+    /// One raft tick; transfers count their deadline in ticks too.
+    fn on_tick(&mut self) {
+        self.raw_node.tick();
+        for t in &mut self.transfers {
+            t.ticks_left = t.ticks_left.saturating_sub(1);
+        }
+    }
+
+    /// Handles one inbox message.
+    fn on_msg(&mut self, msg: Msg) {
+        match msg {
+            Msg::Raft(m) => {
+                let (from, kind) = (m.from, m.get_msg_type());
+                if let Err(err) = self.raw_node.step(*m) {
+                    debug!(from, ?kind, cause = %err, "raft refused a peer message");
+                }
+            }
+            Msg::Transfer { to, reply } => self.start_transfer(to, reply),
+            Msg::Announced { term } => {
+                let announced = self.leadership.send_if_modified(|l| {
+                    if l.token == Some(term) && !l.announced {
+                        l.announced = true;
+                        true
+                    } else {
+                        false
+                    }
+                });
+                if announced {
+                    self.metrics.announced.set(1.0);
+                    info!(
+                        event = events::TOKEN_ANNOUNCED,
+                        term,
+                        token = term,
+                        "token announced to every proxy"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Hands messages to the transport and remembers the peers it could not reach, to
+    /// report them to raft after the Ready.
+    fn send(&mut self, msgs: Vec<Message>) {
+        for msg in msgs {
+            let to = msg.to;
+            let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+            if self.transport.send(msg) == Delivery::Unreachable {
+                self.metrics.peer_dropped.increment(1);
+                self.unreachable.insert(to);
+                if is_snapshot {
+                    self.snapshot_failed.insert(to);
+                }
+            }
+        }
+    }
+
+    /// Applies committed entries: only conf changes have an effect.
+    async fn apply(&mut self, entries: Vec<Entry>) -> Result<(), NodeError> {
+        for entry in entries {
+            let cs = match entry.get_entry_type() {
+                EntryType::EntryNormal => continue,
+                // No API proposes conf changes; a committed one still has to be applied for
+                // the cluster to agree on membership.
+                EntryType::EntryConfChange => {
+                    let mut cc = ConfChange::default();
+                    if let Err(err) = cc.merge_from_bytes(&entry.data) {
+                        warn!(index = entry.index, cause = %err, "undecodable conf change skipped");
+                        continue;
+                    }
+                    self.raw_node.apply_conf_change(&cc)
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let mut cc = ConfChangeV2::default();
+                    if let Err(err) = cc.merge_from_bytes(&entry.data) {
+                        warn!(index = entry.index, cause = %err, "undecodable conf change skipped");
+                        continue;
+                    }
+                    self.raw_node.apply_conf_change(&cc)
+                }
+            };
+            match cs {
+                Ok(cs) => {
+                    info!(index = entry.index, voters = ?cs.voters, "conf change applied");
+                    let log = self.log.clone();
+                    blocking(move || log.set_conf_state(&cs)).await?;
+                }
+                Err(err) => warn!(index = entry.index, cause = %err, "conf change refused"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Compacts the log once enough applied entries accumulated.
+    async fn maybe_compact(&mut self) -> Result<(), NodeError> {
+        let applied = self.raw_node.raft.raft_log.applied;
+        let first = self.raw_node.store().first_index().unwrap_or(1);
+        if applied + 1 >= first + LOG_ENTRIES_RETAINED + LOG_COMPACT_STEP {
+            let to = applied + 1 - LOG_ENTRIES_RETAINED;
+            let log = self.log.clone();
+            blocking(move || log.compact(to)).await?;
+            debug!(first_index = to, applied, "raft log compacted");
+        }
+        Ok(())
+    }
+
+    /// The leader raft knows, `None` for raft's 0.
+    pub(super) fn leader_id(&self) -> Option<u64> {
+        let id = self.raw_node.raft.leader_id;
+        (id != 0).then_some(id)
+    }
+
+    /// Final duties: no token is shown by a stopped node, and every request is answered.
+    fn stop(&mut self) {
+        self.inbox.close();
+        while let Ok(msg) = self.inbox.try_recv() {
+            if let Msg::Transfer { reply, .. } = msg {
+                let _ = reply.send(Err(TransferError::Stopped));
+            }
+        }
+        for t in self.transfers.drain(..) {
+            let _ = t.reply.send(Err(TransferError::Stopped));
+        }
+        self.leadership.send_modify(|l| {
+            l.token = None;
+            l.announced = false;
+            if l.role == Role::Leader {
+                l.role = Role::Follower;
+                l.leader_id = None;
+            }
+        });
+        self.metrics.is_leader.set(0.0);
+        self.metrics.token.set(0.0);
+        self.metrics.announced.set(0.0);
+    }
+}
+
+/// Runs a raft-log write on the blocking pool.
+async fn blocking(
+    f: impl FnOnce() -> Result<(), RaftLogError> + Send + 'static,
+) -> Result<(), NodeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| NodeError::Task(e.to_string()))?
+        .map_err(|e| NodeError::Storage(e.to_string()))
+}
