@@ -3,7 +3,8 @@
 //! advanced so far, readers never see it go down or run ahead of the advances, and the
 //! disk holds what memory held.
 
-// Test code: helper functions outside `#[test]` may unwrap too (STYLE rule 3).
+// Test code: helpers outside `#[test]` functions may unwrap too, and a failure panics with
+// its cause, as a test should.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
