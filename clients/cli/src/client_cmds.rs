@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use clap::Args;
 use palisade_client::{
-    ClientError, FencedClient, FencedResponse, NodeApi, NodeLeader, ProxyAdmin, Role, StaticToken,
+    ClientError, FencedClient, FencedResponse, LeaderView, NodeApi, ProxyAdmin, Role, StaticToken,
 };
+use palisade_protocol::DEFAULT_SCOPE;
 use serde_json::{Value, json};
 
 use crate::Failure;
@@ -172,17 +173,17 @@ pub(crate) async fn fence(args: FenceArgs) -> Result<(), Failure> {
     let admin = ProxyAdmin::new(&args.admin).map_err(|e| usage_or_runtime(&e))?;
     match (args.scope, args.advance) {
         (None, None) => {
-            let fences = admin
+            let list = admin
                 .fences()
                 .await
                 .map_err(|e| failure_plain(&e, args.json))?;
             if args.json {
-                return print_line(&json!({ "fences": fences }).to_string());
+                return print_json(&list);
             }
-            if fences.is_empty() {
+            if list.fences.is_empty() {
                 return print_line("no fences yet");
             }
-            for f in fences {
+            for f in list.fences {
                 print_line(&format!("scope {}: fence at token {}", f.scope, f.token))?;
             }
             Ok(())
@@ -193,19 +194,19 @@ pub(crate) async fn fence(args: FenceArgs) -> Result<(), Failure> {
                 .await
                 .map_err(|e| failure_plain(&e, args.json))?;
             if args.json {
-                print_line(&json!(f).to_string())
+                print_json(&f)
             } else {
                 print_line(&format!("scope {}: fence at token {}", f.scope, f.token))
             }
         }
         (scope, Some(token)) => {
-            let scope = scope.unwrap_or_else(|| "default".to_owned());
+            let scope = scope.unwrap_or_else(|| DEFAULT_SCOPE.to_owned());
             let a = admin
                 .advance(&scope, token)
                 .await
                 .map_err(|e| failure_plain(&e, args.json))?;
             if args.json {
-                print_line(&json!(a).to_string())
+                print_json(&a)
             } else if a.advanced {
                 print_line(&format!("scope {}: fence advanced to {}", a.scope, a.token))
             } else {
@@ -233,7 +234,7 @@ pub(crate) async fn leader(args: LeaderArgs) -> Result<(), Failure> {
 }
 
 /// Long-polls the node and prints each change; survives the node going away.
-async fn watch(api: &NodeApi, first: NodeLeader, json: bool) -> Result<(), Failure> {
+async fn watch(api: &NodeApi, first: LeaderView, json: bool) -> Result<(), Failure> {
     let mut last = first;
     let mut unreachable = false;
     loop {
@@ -271,12 +272,13 @@ async fn watch(api: &NodeApi, first: NodeLeader, json: bool) -> Result<(), Failu
     }
 }
 
-fn print_leader(view: &NodeLeader, json: bool) -> Result<(), Failure> {
+fn print_leader(view: &LeaderView, json: bool) -> Result<(), Failure> {
     if json {
-        return print_line(&serde_json::to_string(view).unwrap_or_default());
+        return print_json(view);
     }
     let leader = view
-        .leader()
+        .leader_id
+        .filter(|id| *id != 0)
         .map_or_else(|| "no leader known".to_owned(), |id| format!("leader {id}"));
     let line = match (view.role, view.token) {
         (Role::Leader, Some(token)) => format!(
@@ -482,6 +484,13 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Prints one line on stdout. A closed stdout (`| head`) is not worth a panic.
+/// Prints an API answer as one line of JSON, in its protocol type's own form.
+fn print_json<T: serde::Serialize>(value: &T) -> Result<(), Failure> {
+    let text = serde_json::to_string(value)
+        .map_err(|e| Failure::Runtime(format!("cannot write JSON: {e}")))?;
+    print_line(&text)
+}
+
 fn print_line(line: &str) -> Result<(), Failure> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{line}")

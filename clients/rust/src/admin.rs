@@ -1,52 +1,29 @@
 //! [`ProxyAdmin`]: a client of the proxy's admin API, to read fences and to advance one
-//! without a write (how a new leader fences out its predecessor at once).
+//! without a write (how a new leader fences out its predecessor at once). Its answers are
+//! the protocol's types.
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::Full;
-use serde::{Deserialize, Serialize};
+use http::Method;
+use palisade_protocol::admin::{FENCES_PATH, HEALTHZ_PATH, fence_path};
+use palisade_protocol::headers::JSON;
+use palisade_protocol::{AdvanceRequest, AdvanceResponse, FenceList, FenceView, Health};
+use serde::de::DeserializeOwned;
 
-use crate::client::{fenced_error, validate_scope};
+use crate::client::{fenced_error, scope_of};
 use crate::error::ClientError;
-use crate::http::{BaseUrl, Failure, Transport, millis};
-use crate::node::parse_json;
+use crate::transport::{BaseUrl, ClientTls, Transport};
 
 /// Longest an admin call may take: reads are answered from memory, an advance is one
 /// fsync.
 pub const ADMIN_TIMEOUT_MS: u64 = 5_000;
-
-/// One scope's fence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fence {
-    /// The scope.
-    pub scope: String,
-    /// The highest token the proxy has admitted (0 when never seen).
-    pub token: u64,
-}
-
-/// The answer to an advance.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Advanced {
-    /// The scope.
-    pub scope: String,
-    /// The token asked for; the fence is now at least this.
-    pub token: u64,
-    /// Whether the fence moved (false: it was already at `token`).
-    pub advanced: bool,
-}
-
-#[derive(Deserialize)]
-struct FenceList {
-    fences: Vec<Fence>,
-}
 
 /// A client of one proxy's admin API. Cheap to clone.
 #[derive(Clone)]
 pub struct ProxyAdmin {
     base: BaseUrl,
     transport: Transport,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for ProxyAdmin {
@@ -58,93 +35,84 @@ impl std::fmt::Debug for ProxyAdmin {
 }
 
 impl ProxyAdmin {
-    /// A client of the admin API at `url` (`http://host:port`).
+    /// A client of the admin API at `url` (`http://host:port` or `https://host:port`).
     pub fn new(url: &str) -> Result<Self, ClientError> {
+        Self::with_tls(url, &ClientTls::default())
+    }
+
+    /// Like [`new`](Self::new), with TLS settings for an `https://` URL.
+    pub fn with_tls(url: &str, tls: &ClientTls) -> Result<Self, ClientError> {
         Ok(Self {
             base: BaseUrl::parse(url)?,
-            transport: Transport::new(),
+            transport: Transport::new(tls)?,
+            timeout: Duration::from_millis(ADMIN_TIMEOUT_MS),
         })
+    }
+
+    /// Limits each call to `timeout` instead of [`ADMIN_TIMEOUT_MS`] (a caller that polls
+    /// a proxy that may be paused wants a short one).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The admin API's base URL.
+    pub fn url(&self) -> &str {
+        self.base.as_str()
     }
 
     /// `GET /v1/fences`: every scope's fence.
     #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
-    pub async fn fences(&self) -> Result<Vec<Fence>, ClientError> {
-        let list: FenceList = self.call(Method::GET, "/v1/fences", None).await?;
-        Ok(list.fences)
+    pub async fn fences(&self) -> Result<FenceList, ClientError> {
+        self.get(FENCES_PATH).await
     }
 
-    /// `GET /v1/fences/{scope}`: one scope's fence.
+    /// `GET /v1/fences/{scope}`: one scope's fence (token 0 when never seen).
     #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
-    pub async fn fence(&self, scope: &str) -> Result<Fence, ClientError> {
-        validate_scope(scope)?;
-        self.call(Method::GET, &format!("/v1/fences/{scope}"), None)
-            .await
+    pub async fn fence(&self, scope: &str) -> Result<FenceView, ClientError> {
+        self.get(&fence_path(&scope_of(scope)?)).await
+    }
+
+    /// `GET /healthz`.
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        self.get(HEALTHZ_PATH).await
     }
 
     /// `POST /v1/fences/{scope}`: raises the fence to `token` without a write. A token
     /// below the fence is [`ClientError::Fenced`].
     #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
-    pub async fn advance(&self, scope: &str, token: u64) -> Result<Advanced, ClientError> {
-        validate_scope(scope)?;
-        let body = serde_json::json!({ "token": token }).to_string();
-        self.call(
-            Method::POST,
-            &format!("/v1/fences/{scope}"),
-            Some((body, token, scope)),
-        )
-        .await
-    }
-
-    async fn call<T: serde::de::DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        advance: Option<(String, u64, &str)>,
-    ) -> Result<T, ClientError> {
-        let uri = self.base.join(path)?;
-        let mut builder = Request::builder()
-            .method(method.clone())
-            .uri(uri)
-            .header(http::header::ACCEPT, "application/json");
-        let mut body = Bytes::new();
-        if let Some((json, _, _)) = &advance {
-            builder = builder.header(http::header::CONTENT_TYPE, "application/json");
-            body = Bytes::from(json.clone());
-        }
-        let request = builder
-            .body(Full::new(body))
-            .map_err(|e| ClientError::InvalidRequest(e.to_string()))?;
-        let timeout = Duration::from_millis(ADMIN_TIMEOUT_MS);
+    pub async fn advance(&self, scope: &str, token: u64) -> Result<AdvanceResponse, ClientError> {
+        let scope = scope_of(scope)?;
+        let url = self.base.join(&fence_path(&scope))?;
+        let request = self
+            .transport
+            .request(Method::POST, url)
+            .header(http::header::ACCEPT, JSON)
+            .json(&AdvanceRequest { token });
         let answer = self
             .transport
-            .exchange(request, timeout)
+            .exchange(request, self.timeout)
             .await
-            .map_err(|failure| match failure {
-                Failure::Connect(reason) => ClientError::Unreachable {
-                    url: self.base.as_str(),
-                    attempts: 1,
-                    reason,
-                },
-                Failure::Timeout(after) => ClientError::Indeterminate {
-                    method: method.clone(),
-                    attempts: 1,
-                    reason: format!("no answer within {} ms", millis(after)),
-                },
-                Failure::Broken(reason) => ClientError::Indeterminate {
-                    method: method.clone(),
-                    attempts: 1,
-                    reason,
-                },
-                Failure::TooLarge => {
-                    ClientError::InvalidResponse("admin answer is too large".to_owned())
-                }
-            })?;
-        if answer.status == StatusCode::CONFLICT
-            && let Some((_, token, scope)) = advance
-            && let Some(fenced) = fenced_error(&answer, token, scope)
+            .map_err(|f| f.into_error(self.base.as_str(), &Method::POST))?;
+        if answer.status == http::StatusCode::CONFLICT
+            && let Some(fenced) = fenced_error(&answer, token, scope.as_str())
         {
             return Err(fenced);
         }
-        parse_json(&answer)
+        answer.json()
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let url = self.base.join(path)?;
+        let request = self
+            .transport
+            .request(Method::GET, url)
+            .header(http::header::ACCEPT, JSON);
+        self.transport
+            .exchange(request, self.timeout)
+            .await
+            .map_err(|f| f.into_error(self.base.as_str(), &Method::GET))?
+            .json()
     }
 }

@@ -1,6 +1,7 @@
 //! [`ClientError`]: every way a Palisade client call can fail, with the numbers.
 
 use http::{Method, StatusCode};
+use palisade_protocol::Problem;
 
 /// Why a client call failed. The variants that matter to a worker are
 /// [`Fenced`](Self::Fenced) and [`NotLeader`](Self::NotLeader) (stop working: someone else
@@ -69,6 +70,16 @@ pub enum ClientError {
         /// The connect error.
         reason: String,
     },
+    /// The TLS handshake failed (a server certificate the client does not trust, a name
+    /// mismatch), or the TLS settings could not be loaded: nothing was sent. Trust the
+    /// server's CA with [`ClientTls::trust_pem_file`](crate::ClientTls::trust_pem_file).
+    #[error("TLS error with {url}: {reason}")]
+    Tls {
+        /// Where (a URL, or the file of a certificate that could not be loaded).
+        url: String,
+        /// What rustls reported.
+        reason: String,
+    },
     /// An HTTP error answer other than a fencing rejection (400, 404, 428, 503, ...).
     #[error("{status}: {detail}")]
     Status {
@@ -76,6 +87,8 @@ pub enum ClientError {
         status: StatusCode,
         /// The problem's `detail`, or the body's text.
         detail: String,
+        /// The whole problem+json body, when the answer had one.
+        problem: Option<Box<Problem>>,
     },
     /// An answer this client cannot use (too large, not the expected JSON).
     #[error("bad response: {0}")]
@@ -92,6 +105,14 @@ impl ClientError {
     /// Whether the outcome of the request is unknown.
     pub fn is_indeterminate(&self) -> bool {
         matches!(self, Self::Indeterminate { .. })
+    }
+
+    /// The problem+json body of a [`Status`](Self::Status) error, when it had one.
+    pub fn problem(&self) -> Option<&Problem> {
+        match self {
+            Self::Status { problem, .. } => problem.as_deref(),
+            _ => None,
+        }
     }
 
     /// The HTTP status, for [`Status`](Self::Status) errors.
@@ -112,6 +133,7 @@ fn leader_name(leader_id: Option<u64>) -> String {
 mod tests {
     use super::*;
 
+    /// Goal: error messages carry the numbers a reader needs. Method: format examples.
     #[test]
     fn messages_carry_the_numbers() {
         let fenced = ClientError::Fenced {

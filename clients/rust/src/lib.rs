@@ -92,42 +92,54 @@
 //!   [`StaticToken`].
 //! - `node_source`: [`NodeApiSource`], a token source that long-polls a node's HTTP API in
 //!   a background task.
-//! - `node`: [`NodeApi`], a client of a node's `GET /v1/leader`, and its answer
-//!   [`NodeLeader`].
-//! - `client`: [`FencedClient`], the fenced HTTP client, its builder and request type.
+//! - `node`: [`NodeApi`], a client of a node's API (leadership, long poll, transfer,
+//!   health, test faults).
+//! - `request`: [`FencedRequest`] and [`FencedResponse`], and how methods are classified.
+//! - `client`: [`FencedClient`], the fenced HTTP client, and its builder.
 //! - `admin`: [`ProxyAdmin`], a client of the proxy's admin API (read or advance fences).
 //! - `error`: [`ClientError`].
-//! - `http`: the shared transport: base URLs, one exchange with a deadline and a body
-//!   limit.
-//! - `retry`: backoff with jitter and `Retry-After`.
+//! - `transport`: the shared reqwest transport: [`ClientTls`], base URLs, one exchange
+//!   with a deadline and a body limit.
+//! - [`backoff`]: the one backoff policy (exponential with jitter, on `backon`) and
+//!   `Retry-After`.
 //!
 //! An application that runs its election node in-process uses
 //! `palisade_election::NodeHandleSource`, which implements [`TokenSource`].
+//!
+//! The wire types come from `palisade_protocol` and are re-exported here: [`LeaderView`],
+//! [`Role`], [`FenceView`], [`FenceList`], [`AdvanceResponse`], [`Transferred`],
+//! [`Health`], [`FaultSpec`], [`LongPoll`], [`Scope`], [`Problem`].
 #![deny(missing_docs)]
 
 mod admin;
+pub mod backoff;
 mod client;
 mod error;
-mod http;
 mod node;
 mod node_source;
-mod retry;
+mod request;
 mod source;
+mod transport;
 
 pub use ::http::{Method, StatusCode};
-pub use admin::{ADMIN_TIMEOUT_MS, Advanced, Fence, ProxyAdmin};
+pub use admin::{ADMIN_TIMEOUT_MS, ProxyAdmin};
 pub use client::{
-    BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_CURRENT,
-    FencedClient, FencedClientBuilder, FencedRequest, FencedResponse, IDEMPOTENCY_KEY,
-    REQUEST_TIMEOUT_MS, RETRIES_MAX, RETRY_AFTER_MAX_MS, SCOPE_BYTES_MAX, is_write, validate_scope,
+    BACKOFF_INITIAL_MS, BACKOFF_MAX_MS, FencedClient, FencedClientBuilder, REQUEST_TIMEOUT_MS,
+    RETRIES_MAX, RETRY_AFTER_MAX_MS,
 };
 pub use error::ClientError;
-pub use http::{CONNECT_TIMEOUT_MS, RESPONSE_BYTES_MAX};
 pub use node::{
-    LONG_POLL_SLACK_MS, LONG_POLL_WAIT_MS_MAX, NODE_REQUEST_TIMEOUT_MS, NodeApi, NodeLeader, Role,
+    LONG_POLL_SLACK_MS, LONG_POLL_WAIT_MS_MAX, NODE_REQUEST_TIMEOUT_MS, NodeApi,
+    TRANSFER_TIMEOUT_MS, is_establishing,
 };
 pub use node_source::{
     ESTABLISH_POLL_MS, FIRST_ANSWER_TIMEOUT_MS, LONG_POLL_WAIT_MS, NodeApiSource, PLAIN_POLL_MS,
     RECONNECT_BACKOFF_MAX_MS,
 };
+pub use palisade_protocol::{
+    AdvanceResponse, FaultSpec, FenceList, FenceView, Health, LeaderView, LongPoll, Problem, Role,
+    Scope, Transferred,
+};
+pub use request::{FencedRequest, FencedResponse, IDEMPOTENCY_KEY, is_write};
 pub use source::{BoxFuture, LEADER_POLL_MS, Leadership, StaticToken, TokenSource};
+pub use transport::{CONNECT_TIMEOUT_MS, ClientTls, RESPONSE_BYTES_MAX};

@@ -1,19 +1,25 @@
-//! [`NodeApi`]: a client of an election node's HTTP API (`GET /v1/leader`, and its long
-//! poll), and [`NodeLeader`], the node's answer.
+//! [`NodeApi`]: a client of an election node's HTTP API: its view of leadership
+//! ([`LeaderView`], with the long poll), leadership transfer, health, and the test faults
+//! of its peer links. The answers are the protocol's types.
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Method, Request, StatusCode};
-use http_body_util::Full;
-use serde::{Deserialize, Serialize};
+use http::Method;
+use palisade_protocol::admin::HEALTHZ_PATH;
+use palisade_protocol::headers::JSON;
+use palisade_protocol::node::{LEADER_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH};
+use palisade_protocol::{
+    FaultSpec, Health, LeaderView, LongPoll, Role, TransferRequest, Transferred,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::error::ClientError;
-use crate::http::{Answer, BaseUrl, Failure, Transport, millis};
 use crate::source::Leadership;
+use crate::transport::{BaseUrl, ClientTls, Failure, Transport, millis};
 
-/// Longest a plain `GET /v1/leader` may take: the node answers from memory, so a slower
-/// answer means the node is paused, overloaded or gone.
+/// Longest a plain `GET /v1/leader` (or another read) may take: the node answers from
+/// memory, so a slower answer means the node is paused, overloaded or gone.
 pub const NODE_REQUEST_TIMEOUT_MS: u64 = 2_000;
 /// Longest a long poll may ask the node to wait. Longer waits only delay noticing a node
 /// that is paused or gone.
@@ -21,76 +27,27 @@ pub const LONG_POLL_WAIT_MS_MAX: u64 = 60_000;
 /// How much longer than the asked wait a long poll may take before the node counts as
 /// unreachable: the node answers at the end of the wait, plus transport time.
 pub const LONG_POLL_SLACK_MS: u64 = 1_000;
+/// Longest a leadership transfer may take: the node answers once the new leader is
+/// elected, which takes a few election timeouts at most.
+pub const TRANSFER_TIMEOUT_MS: u64 = 15_000;
 
-/// A node's role in the raft group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// The leader of its term (established only once `token` is set).
-    Leader,
-    /// A follower.
-    Follower,
-    /// A candidate in an election.
-    Candidate,
-    /// A role this client does not know (a newer node); treated as "not leader".
-    #[serde(other)]
-    Other,
-}
-
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Leader => "leader",
-            Self::Follower => "follower",
-            Self::Candidate => "candidate",
-            Self::Other => "other",
-        })
-    }
-}
-
-/// The answer of `GET /v1/leader`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeLeader {
-    /// The answering node.
-    pub node_id: u64,
-    /// The fencing scope the node's group elects a leader for.
-    pub scope: String,
-    /// The node's current raft term.
-    pub term: u64,
-    /// The leader the node knows of (`null`, or 0 in raft's terms, when none).
-    pub leader_id: Option<u64>,
-    /// The node's role.
-    pub role: Role,
-    /// The fencing token: set only on the established leader, and then equal to `term`.
-    pub token: Option<u64>,
-    /// Whether every proxy the node announces to has accepted the token.
-    #[serde(default)]
-    pub announced: bool,
-}
-
-impl NodeLeader {
-    /// The leader id, with raft's "none" (0) as `None`.
-    pub fn leader(&self) -> Option<u64> {
-        self.leader_id.filter(|id| *id != 0)
-    }
-
-    /// What this answer means for a client of this node.
-    pub fn leadership(&self) -> Leadership {
-        match (self.role, self.token) {
-            (Role::Leader, Some(token)) => Leadership::leader(token, self.term, self.leader()),
-            (Role::Leader, None) => Leadership {
-                is_leader: true,
-                ..Leadership::not_leader(self.term, self.leader())
-            },
-            _ => Leadership::not_leader(self.term, self.leader()),
+impl From<&LeaderView> for Leadership {
+    /// What a node's answer means for a client of this node: a token only on the
+    /// established leader; raft's "no leader" (0) as `None`.
+    fn from(view: &LeaderView) -> Self {
+        let leader_id = view.leader_id.filter(|id| *id != 0);
+        match (view.role, view.token) {
+            (Role::Leader, Some(token)) => Leadership::leader(token, view.term, leader_id),
+            (Role::Leader, None) => Leadership::establishing(view.term, leader_id),
+            _ => Leadership::not_leader(view.term, leader_id),
         }
     }
+}
 
-    /// Whether this node leads but has not yet applied an entry of its term, so its token
-    /// is about to appear without a change of term or role.
-    pub fn is_establishing(&self) -> bool {
-        self.role == Role::Leader && self.token.is_none()
-    }
+/// Whether the node leads but has not yet applied an entry of its term, so its token is
+/// about to appear without a change of term or role.
+pub fn is_establishing(view: &LeaderView) -> bool {
+    view.role == Role::Leader && view.token.is_none()
 }
 
 /// A client of one node's HTTP API. Cheap to clone.
@@ -98,6 +55,7 @@ impl NodeLeader {
 pub struct NodeApi {
     base: BaseUrl,
     transport: Transport,
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for NodeApi {
@@ -109,119 +67,185 @@ impl std::fmt::Debug for NodeApi {
 }
 
 impl NodeApi {
-    /// A client of the node API at `url` (`http://host:port`).
+    /// A client of the node API at `url` (`http://host:port` or `https://host:port`).
     pub fn new(url: &str) -> Result<Self, ClientError> {
+        Self::with_tls(url, &ClientTls::default())
+    }
+
+    /// Like [`new`](Self::new), with TLS settings for an `https://` URL.
+    pub fn with_tls(url: &str, tls: &ClientTls) -> Result<Self, ClientError> {
         Ok(Self {
             base: BaseUrl::parse(url)?,
-            transport: Transport::new(),
+            transport: Transport::new(tls)?,
+            timeout: Duration::from_millis(NODE_REQUEST_TIMEOUT_MS),
         })
+    }
+
+    /// Limits plain reads to `timeout` instead of [`NODE_REQUEST_TIMEOUT_MS`] (a caller
+    /// that polls nodes that may be paused wants a short one). Long polls and transfers
+    /// keep their own limits.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The node's base URL.
     pub fn url(&self) -> String {
-        self.base.as_str()
+        self.base.as_str().to_owned()
     }
 
     /// `GET /v1/leader`: the node's view now.
     #[tracing::instrument(skip(self), fields(node = %self.base.as_str()))]
-    pub async fn leader(&self) -> Result<NodeLeader, ClientError> {
-        self.get("/v1/leader", Duration::from_millis(NODE_REQUEST_TIMEOUT_MS))
+    pub async fn leader(&self) -> Result<LeaderView, ClientError> {
+        self.read(LEADER_PATH, self.timeout).await
+    }
+
+    /// `GET /v1/leader?after_term=N&timeout_ms=T`: the long poll. Answers once the
+    /// node's term is above `after_term` or its view changes, or after `timeout_ms`
+    /// (capped at [`LONG_POLL_WAIT_MS_MAX`]).
+    #[tracing::instrument(skip(self), fields(node = %self.base.as_str()))]
+    pub async fn poll(&self, poll: LongPoll) -> Result<LeaderView, ClientError> {
+        if !poll.is_poll() {
+            return self.leader().await;
+        }
+        let poll = LongPoll {
+            timeout_ms: poll.timeout_ms.map(|ms| ms.min(LONG_POLL_WAIT_MS_MAX)),
+            ..poll
+        };
+        let wait_ms = poll.timeout_ms.unwrap_or(LONG_POLL_WAIT_MS_MAX);
+        let path = format!("{LEADER_PATH}?{}", poll.to_query());
+        self.read(&path, Duration::from_millis(wait_ms + LONG_POLL_SLACK_MS))
             .await
     }
 
-    /// `GET /v1/leader?after_term=N&timeout_ms=T`: waits until the node's term is above
-    /// `after_term` or its role changes, or `wait` (at most [`LONG_POLL_WAIT_MS_MAX`])
-    /// has passed; then the node's view.
-    #[tracing::instrument(skip(self), fields(node = %self.base.as_str()))]
+    /// [`poll`](Self::poll) after `after_term` for at most `wait`.
     pub async fn leader_after(
         &self,
         after_term: u64,
         wait: Duration,
-    ) -> Result<NodeLeader, ClientError> {
-        let wait_ms = millis(wait).min(LONG_POLL_WAIT_MS_MAX);
-        let path = format!("/v1/leader?after_term={after_term}&timeout_ms={wait_ms}");
-        self.get(&path, Duration::from_millis(wait_ms + LONG_POLL_SLACK_MS))
+    ) -> Result<LeaderView, ClientError> {
+        self.poll(LongPoll {
+            after_term: Some(after_term),
+            timeout_ms: Some(millis(wait)),
+        })
+        .await
+    }
+
+    /// `POST /v1/transfer`: hands leadership to node `to`; answers once it leads.
+    pub async fn transfer(&self, to: u64) -> Result<Transferred, ClientError> {
+        self.post(
+            TRANSFER_PATH,
+            Some(&TransferRequest { to }),
+            TRANSFER_TIMEOUT_MS,
+        )
+        .await
+    }
+
+    /// `POST /v1/resign`: hands leadership to the best other voter.
+    pub async fn resign(&self) -> Result<Transferred, ClientError> {
+        self.post::<(), _>(RESIGN_PATH, None, TRANSFER_TIMEOUT_MS)
             .await
     }
 
-    async fn get(&self, path: &str, timeout: Duration) -> Result<NodeLeader, ClientError> {
-        let uri = self.base.join(path)?;
-        let request = Request::builder()
-            .method(Method::GET)
-            .uri(uri)
-            .header(http::header::ACCEPT, "application/json")
-            .body(Full::new(Bytes::new()))
-            .map_err(|e| ClientError::InvalidRequest(e.to_string()))?;
-        let answer = self
+    /// `GET /healthz`.
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        self.read(HEALTHZ_PATH, self.timeout).await
+    }
+
+    /// `GET /v1/test/faults`: the faults of the node's peer links (404 unless the node
+    /// runs with test faults on).
+    pub async fn faults(&self) -> Result<FaultSpec, ClientError> {
+        self.read(TEST_FAULTS_PATH, self.timeout).await
+    }
+
+    /// `POST /v1/test/faults`: replaces the faults of the node's peer links; an empty
+    /// [`FaultSpec`] heals them. Returns the faults now in force.
+    pub async fn set_faults(&self, faults: &FaultSpec) -> Result<FaultSpec, ClientError> {
+        self.post(
+            TEST_FAULTS_PATH,
+            Some(faults),
+            millis(self.timeout).max(NODE_REQUEST_TIMEOUT_MS),
+        )
+        .await
+    }
+
+    /// A GET whose every failure means "no answer from the node": it is unreachable.
+    async fn read<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<T, ClientError> {
+        let url = self.base.join(path)?;
+        let request = self
             .transport
-            .exchange(request, timeout)
-            .await
-            .map_err(|f| self.failure(f))?;
-        parse_json(&answer)
-    }
-
-    fn failure(&self, failure: Failure) -> ClientError {
-        match failure {
-            Failure::Connect(reason) | Failure::Broken(reason) => ClientError::Unreachable {
-                url: self.base.as_str(),
-                attempts: 1,
-                reason,
-            },
-            Failure::Timeout(after) => ClientError::Unreachable {
-                url: self.base.as_str(),
+            .request(Method::GET, url)
+            .header(http::header::ACCEPT, JSON);
+        match self.transport.exchange(request, timeout).await {
+            Ok(answer) => answer.json(),
+            Err(Failure::Timeout(after)) => Err(ClientError::Unreachable {
+                url: self.url(),
                 attempts: 1,
                 reason: format!("no answer within {} ms", millis(after)),
-            },
-            Failure::TooLarge => ClientError::InvalidResponse(format!(
-                "answer from {} is over {} bytes",
-                self.base.as_str(),
-                crate::http::RESPONSE_BYTES_MAX
-            )),
+            }),
+            Err(Failure::Broken(reason)) => Err(ClientError::Unreachable {
+                url: self.url(),
+                attempts: 1,
+                reason,
+            }),
+            Err(failure) => Err(failure.into_error(self.base.as_str(), &Method::GET)),
         }
     }
-}
 
-/// The JSON body of a 2xx answer, or the error the answer stands for.
-pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
-    answer: &Answer,
-) -> Result<T, ClientError> {
-    if answer.status != StatusCode::OK {
-        return Err(ClientError::Status {
-            status: answer.status,
-            detail: answer.detail(),
-        });
+    /// A POST: a failure after sending leaves its outcome unknown.
+    async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Option<&B>,
+        timeout_ms: u64,
+    ) -> Result<T, ClientError> {
+        let url = self.base.join(path)?;
+        let mut request = self
+            .transport
+            .request(Method::POST, url)
+            .header(http::header::ACCEPT, JSON);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        self.transport
+            .exchange(request, Duration::from_millis(timeout_ms))
+            .await
+            .map_err(|f| f.into_error(self.base.as_str(), &Method::POST))?
+            .json()
     }
-    serde_json::from_slice(&answer.body).map_err(|e| {
-        ClientError::InvalidResponse(format!("{e}: {}", String::from_utf8_lossy(&answer.body)))
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Goal: a node's answer maps to the leadership a client may act on: a token only on
+    /// the established leader, none while establishing or following, raft's 0 as "no
+    /// leader". Method: map parsed answers.
     #[test]
-    fn answers_parse_and_map_to_leadership() {
-        let leader: NodeLeader = serde_json::from_str(
+    fn answers_map_to_leadership() {
+        let leader: LeaderView = serde_json::from_str(
             r#"{"node_id":1,"scope":"default","term":7,"leader_id":1,"role":"leader","token":7,"announced":true}"#,
         )
         .unwrap();
-        assert_eq!(leader.leadership(), Leadership::leader(7, 7, Some(1)));
-        let establishing: NodeLeader = serde_json::from_str(
+        assert_eq!(Leadership::from(&leader), Leadership::leader(7, 7, Some(1)));
+        let establishing: LeaderView = serde_json::from_str(
             r#"{"node_id":1,"scope":"default","term":8,"leader_id":1,"role":"leader","token":null,"announced":false}"#,
         )
         .unwrap();
-        assert!(establishing.is_establishing());
-        assert_eq!(establishing.leadership().write_token(), None);
-        let follower: NodeLeader = serde_json::from_str(
+        assert!(is_establishing(&establishing));
+        let seen = Leadership::from(&establishing);
+        assert!(seen.is_leader);
+        assert_eq!(seen.write_token(), None);
+        let follower: LeaderView = serde_json::from_str(
             r#"{"node_id":2,"scope":"default","term":8,"leader_id":0,"role":"follower","token":null,"announced":false}"#,
         )
         .unwrap();
-        assert_eq!(follower.leadership(), Leadership::not_leader(8, None));
-        let odd: NodeLeader = serde_json::from_str(
-            r#"{"node_id":2,"scope":"s","term":1,"leader_id":null,"role":"learner","token":null}"#,
-        )
-        .unwrap();
-        assert_eq!(odd.role, Role::Other);
+        assert_eq!(Leadership::from(&follower), Leadership::not_leader(8, None));
     }
 }

@@ -6,10 +6,13 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use palisade_protocol::LeaderView;
+
+use crate::backoff;
 use crate::error::ClientError;
-use crate::node::{NodeApi, NodeLeader};
-use crate::retry::backoff;
+use crate::node::{NodeApi, is_establishing};
 use crate::source::{BoxFuture, Leadership, TokenSource};
+use crate::transport::ClientTls;
 
 /// How long each long poll asks the node to wait for a change. A change is answered at
 /// once; the wait bounds only how late a node that is paused or gone is noticed
@@ -26,9 +29,9 @@ pub const FIRST_ANSWER_TIMEOUT_MS: u64 = 3_000;
 /// First delay before asking an unreachable node again; doubles up to
 /// [`RECONNECT_BACKOFF_MAX_MS`].
 const RECONNECT_BACKOFF_INITIAL_MS: u64 = 50;
-/// Longest delay between two attempts to reach an unreachable node, so that its return
-/// is noticed within about a second.
-pub const RECONNECT_BACKOFF_MAX_MS: u64 = 1_000;
+/// Longest delay (before jitter, which adds up to as much again) between two attempts to
+/// reach an unreachable node, so that its return is noticed within about a second.
+pub const RECONNECT_BACKOFF_MAX_MS: u64 = 500;
 
 /// What the follower task knows, published through the watch channel.
 #[derive(Debug, Clone)]
@@ -37,7 +40,7 @@ struct State {
     settled: bool,
     /// The node's last answer while it is reachable; `None` before the first answer and
     /// while it is unreachable.
-    view: Option<NodeLeader>,
+    view: Option<LeaderView>,
     /// Why the node is unreachable, while it is.
     unreachable: Option<String>,
     /// The last term the node reported, kept while it is unreachable.
@@ -63,7 +66,7 @@ impl State {
     /// Derives `leadership`; returns whether it changed.
     fn recompute(&mut self) -> bool {
         let next = match &self.view {
-            Some(view) => view.leadership().below_floor_removed(self.floor),
+            Some(view) => Leadership::from(view).below_floor_removed(self.floor),
             None => Leadership::not_leader(self.term, None),
         };
         let changed = next != self.leadership;
@@ -71,7 +74,7 @@ impl State {
         changed
     }
 
-    fn observe(&mut self, view: NodeLeader) -> bool {
+    fn observe(&mut self, view: LeaderView) -> bool {
         let newly_settled = !self.settled;
         self.settled = true;
         self.term = view.term;
@@ -129,10 +132,22 @@ impl NodeApiSource {
 
     /// Like [`start`](Self::start), with long polls of `wait`.
     pub fn start_with_wait(node_url: &str, wait: Duration) -> Result<Self, ClientError> {
+        Self::start_with(NodeApi::new(node_url)?, wait)
+    }
+
+    /// Like [`start`](Self::start), with TLS settings for an `https://` node URL.
+    pub fn start_with_tls(node_url: &str, tls: &ClientTls) -> Result<Self, ClientError> {
+        Self::start_with(
+            NodeApi::with_tls(node_url, tls)?,
+            Duration::from_millis(LONG_POLL_WAIT_MS),
+        )
+    }
+
+    /// Follows the node `api` talks to, with long polls of `wait`.
+    pub fn start_with(api: NodeApi, wait: Duration) -> Result<Self, ClientError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
             ClientError::NoRuntime(format!("NodeApiSource::start needs a tokio runtime: {e}"))
         })?;
-        let api = NodeApi::new(node_url)?;
         let (tx, _) = watch::channel(State::new());
         let state = Arc::new(tx);
         let task = runtime.spawn(follow(api.clone(), Arc::clone(&state), wait));
@@ -140,7 +155,7 @@ impl NodeApiSource {
     }
 
     /// The node's last answer, while it is reachable.
-    pub fn last_answer(&self) -> Option<NodeLeader> {
+    pub fn last_answer(&self) -> Option<LeaderView> {
         self.state.borrow().view.clone()
     }
 
@@ -221,6 +236,13 @@ async fn follow(api: NodeApi, state: Arc<watch::Sender<State>>, wait: Duration) 
     let mut after_term: Option<u64> = None;
     let mut long_poll = true;
     let mut failures: u32 = 0;
+    let reconnect = || {
+        backoff::delays(
+            Duration::from_millis(RECONNECT_BACKOFF_INITIAL_MS),
+            Duration::from_millis(RECONNECT_BACKOFF_MAX_MS),
+        )
+    };
+    let mut delays = reconnect();
     loop {
         let result = match after_term {
             Some(term) if long_poll => api.leader_after(term, wait).await,
@@ -232,7 +254,8 @@ async fn follow(api: NodeApi, state: Arc<watch::Sender<State>>, wait: Duration) 
                     tracing::info!(node = %api.url(), term = view.term, "node reachable again");
                 }
                 failures = 0;
-                let establishing = view.is_establishing();
+                delays = reconnect();
+                let establishing = is_establishing(&view);
                 let term = view.term;
                 state.send_if_modified(|s| s.observe(view));
                 after_term = Some(term);
@@ -243,7 +266,7 @@ async fn follow(api: NodeApi, state: Arc<watch::Sender<State>>, wait: Duration) 
                     tokio::time::sleep(Duration::from_millis(PLAIN_POLL_MS)).await;
                 }
             }
-            Err(ClientError::Status { status, detail })
+            Err(ClientError::Status { status, detail, .. })
                 if long_poll && after_term.is_some() && status.is_client_error() =>
             {
                 // The node answers, but not to the long poll: follow it with plain polls.
@@ -259,12 +282,10 @@ async fn follow(api: NodeApi, state: Arc<watch::Sender<State>>, wait: Duration) 
                 }
                 after_term = None;
                 state.send_if_modified(|s| s.lose(e.to_string()));
-                tokio::time::sleep(backoff(
-                    failures,
-                    Duration::from_millis(RECONNECT_BACKOFF_INITIAL_MS),
-                    Duration::from_millis(RECONNECT_BACKOFF_MAX_MS),
-                ))
-                .await;
+                let delay = delays
+                    .next()
+                    .unwrap_or(Duration::from_millis(RECONNECT_BACKOFF_MAX_MS));
+                tokio::time::sleep(delay).await;
             }
         }
     }
