@@ -1,0 +1,111 @@
+//! Nodes over the real TCP transport and the real HTTP API, on loopback: the framing of
+//! the peer links and the API's accept loop, end to end in one process.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
+use std::time::Duration;
+
+use palisade_election::{LeaderView, Node, NodeConfig, NodeHandle, Role};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+/// Longest wait for an established leader: many election timeouts of 50 ms ticks.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A free loopback port: bound, read, released. Another process could take it before the
+/// node binds it; on a test machine that is rare enough.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start(dir: &std::path::Path) -> Vec<NodeHandle> {
+    let peers: std::collections::BTreeMap<u64, String> = (1..=3)
+        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+        .collect();
+    let mut nodes = Vec::new();
+    for id in 1..=3 {
+        let config = NodeConfig {
+            id,
+            peers: peers.clone(),
+            data_dir: dir.join(format!("node{id}")),
+            api: Some("127.0.0.1:0".parse().unwrap()),
+            tick_ms: 50,
+            ..NodeConfig::default()
+        };
+        nodes.push(Node::start(config).await.unwrap());
+    }
+    nodes
+}
+
+/// `GET path` on `node`'s API over a plain socket: the status code and the body.
+async fn get(node: &NodeHandle, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(node.api_addr().unwrap())
+        .await
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nhost: node\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Goal: three nodes on real sockets elect one established leader, which every node's
+/// API reports, so the peer framing carries raft traffic both ways.
+/// Method: start three nodes on loopback ports; wait with a deadline until one holds a
+/// token; read `/v1/leader` of every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_over_tcp_elect_a_leader_the_api_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start(dir.path()).await;
+    let waits = nodes.iter().map(|n| {
+        let mut rx = n.leadership();
+        async move {
+            rx.wait_for(|l| l.token.is_some()).await.unwrap();
+            n.id()
+        }
+    });
+    let leader = tokio::time::timeout(
+        SETTLE_TIMEOUT,
+        futures_util::future::select_all(waits.map(Box::pin)),
+    )
+    .await
+    .expect("a leader was established within the deadline")
+    .0;
+    let term = nodes[usize::try_from(leader).unwrap() - 1]
+        .leadership()
+        .borrow()
+        .term;
+    // Followers learn the leader from its next heartbeat; poll each with a deadline.
+    for node in &nodes {
+        let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        let view = loop {
+            let (status, body) = get(node, "/v1/leader").await;
+            assert_eq!(status, 200, "{body}");
+            let view: LeaderView = serde_json::from_str(&body).unwrap();
+            if view.leader_id == Some(leader) || tokio::time::Instant::now() > deadline {
+                break view;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(view.leader_id, Some(leader), "{view:?}");
+        assert_eq!(view.term, term, "{view:?}");
+        let role = if node.id() == leader {
+            Role::Leader
+        } else {
+            Role::Follower
+        };
+        assert_eq!(view.role, role, "{view:?}");
+    }
+    let (status, body) = get(&nodes[0], "/v1/leader?timeout_ms=x").await;
+    assert_eq!(status, 400, "{body}");
+    for node in nodes {
+        node.stop().await.unwrap();
+    }
+}
