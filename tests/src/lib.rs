@@ -11,24 +11,30 @@
 //! - `scenario`: fault scenarios: a cluster with test faults, the recording upstream, a
 //!   worker per node stopping at a failpoint on demand, the history of every write, and
 //!   term checks over a whole run.
-//! - re-exports of `palisade_cluster`'s `client` and `wait`, and a panicking `process`
-//!   facade over its launchers.
+//! - `wait`: waiting for a condition with a deadline; a timeout panics.
+//! - `process`: a panicking facade over `palisade_cluster`'s launchers, and waiting for a
+//!   child to stop at a failpoint.
+//! - a re-export of `palisade_cluster`'s `client`.
 // A harness for tests only: a failed set-up step should panic with its cause, as a test
 // would, so the workspace's library rule against unwrap/expect is lifted here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
 
-pub use palisade_cluster::{client, wait};
+pub use palisade_cluster::client;
 
 pub mod fixtures;
 pub mod netns;
 pub mod scenario;
 pub mod upstream;
+pub mod wait;
 
 /// Launchers that panic with the cause, for tests.
 pub mod process {
     use std::path::Path;
+    use std::time::Duration;
 
     pub use palisade_cluster::ChildGuard;
+    use palisade_cluster::Lines;
+    use palisade_protocol::process::FailpointStop;
 
     /// A running `palisade proxy`.
     pub type ProxyProcess = palisade_cluster::ProxyProcess;
@@ -36,5 +42,18 @@ pub mod process {
     /// Starts a proxy in `dir` with `extra` flags, or panics with the cause.
     pub fn start_proxy(dir: &Path, extra: &[&str]) -> ProxyProcess {
         palisade_cluster::ProxyProcess::start(dir, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Waits for a child's line saying it stopped at a failpoint (skipping other lines),
+    /// and returns it read; panics after `timeout`, saying which child never stopped.
+    pub async fn wait_for_failpoint(lines: &Lines, what: &str, timeout: Duration) -> FailpointStop {
+        crate::wait::until(
+            &format!("{what} to stop at a failpoint"),
+            timeout,
+            || async {
+                std::iter::from_fn(|| lines.try_next()).find_map(|l| FailpointStop::parse(&l))
+            },
+        )
+        .await
     }
 }

@@ -1,7 +1,8 @@
 //! Real network partitions: each node in a network namespace of its own, joined to the
 //! test's namespace by a veth pair on a private bridge, and cut off by `nft` drop rules
 //! inside its namespace. Needs root, iproute2 (`ip netns`) and nftables (`nft`); without
-//! them [`NetnsNet::create`] says why, and the test prints that it skips.
+//! them [`NetnsNet::create`] says why. The test that uses it is `#[ignore]`d, and run with
+//! `--ignored` where it can run (`.ci/run` does, as root).
 //!
 //! Addresses are private to this test: `10.213.X.0/24` on a bridge `plbrX` that has no
 //! other port, with `X` taken from the process id, the nodes at `.1`, `.2`, ... and the

@@ -19,12 +19,14 @@ use std::time::{Duration, Instant};
 use http::Method;
 use palisade_cluster::history::{self, History, Outcome, Recorder, Report};
 use palisade_cluster::worker::{Event, WorkerLine, WorkerProcess, WorkerSpec};
-use palisade_cluster::{
-    Cluster, ClusterOptions, ClusterSpec, Leadership, TEST_FAULTS_ENV, client, wait,
-};
+use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, Leadership, client};
+
+use palisade_protocol::process::{EVENT_FIELD, FAILPOINT_STOP_ENV, TEST_FAULTS_ENV, events};
+use palisade_protocol::{DEFAULT_SCOPE, FenceView, Scope, admin, headers, node};
 
 use crate::netns::NetnsNet;
 use crate::upstream::RecordingUpstream;
+use crate::wait;
 
 /// Generous bound on an election plus its announcement, on a loaded 2-core machine.
 pub const ELECTION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,8 +34,6 @@ pub const ELECTION_TIMEOUT: Duration = Duration::from_secs(30);
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(20);
 /// The failpoint between reading the token and sending the write.
 pub const CLIENT_FAILPOINT: &str = "client-before-send";
-/// The environment variable naming failpoints that stop the process.
-pub const STOP_ENV: &str = "PALISADE_FAILPOINT_STOP";
 
 /// How to set up a scenario.
 #[derive(Debug, Clone)]
@@ -159,7 +159,7 @@ impl Scenario {
                 job_ms: Some(spec.job_ms),
                 retries: Some(0),
                 env: if spec.stop_workers {
-                    vec![(STOP_ENV.to_owned(), CLIENT_FAILPOINT.to_owned())]
+                    vec![(FAILPOINT_STOP_ENV.to_owned(), CLIENT_FAILPOINT.to_owned())]
                 } else {
                     Vec::new()
                 },
@@ -357,7 +357,7 @@ impl Scenario {
             self.pump();
             if let Some(l) = self.cluster.established_leader(except).await
                 && l.term > above
-                && self.cluster.proxy_fence("default").await == l.token
+                && self.cluster.proxy_fence(DEFAULT_SCOPE).await == l.token
             {
                 return l;
             }
@@ -437,7 +437,7 @@ impl Monitor {
         let fences = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for node in &cluster.nodes {
-            let url = node.api_url("/v1/leader");
+            let url = node.api_url(node::LEADER_PATH);
             let seen = Arc::clone(&seen);
             tasks.push(tokio::spawn(async move {
                 loop {
@@ -460,16 +460,18 @@ impl Monitor {
                 }
             }));
         }
-        let url = cluster.proxy.admin_url("/v1/fences/default");
+        let url = cluster
+            .proxy
+            .admin_url(&admin::fence_path(&Scope::default()));
         let fences_task = Arc::clone(&fences);
         tasks.push(tokio::spawn(async move {
             loop {
                 if let Ok(a) =
                     client::try_send_within(Method::GET, &url, &[], "", Duration::from_millis(500))
                         .await
-                    && let Some(t) = a.json()["token"].as_u64()
+                    && let Ok(fence) = serde_json::from_slice::<FenceView>(&a.body)
                 {
-                    fences_task.lock().unwrap().push(t);
+                    fences_task.lock().unwrap().push(fence.token);
                 }
                 tokio::time::sleep(period).await;
             }
@@ -487,11 +489,20 @@ impl Monitor {
     }
 
     /// Violations in what was seen: a term held by two established leaders, a node whose
-    /// term went back, or the proxy's fence going down. With the count of answers.
+    /// term went back, or the proxy's fence going down; and, so that a run in which the
+    /// polls never got through cannot pass, no answer from the nodes or no fence reading
+    /// at all. With the count of answers.
     pub fn violations(&self) -> (usize, Vec<String>) {
         let seen: Vec<Leadership> = self.seen().into_iter().map(|s| s.leadership).collect();
         let fences = self.fences.lock().unwrap().clone();
-        (seen.len(), view_violations(&seen, &fences))
+        let mut out = view_violations(&seen, &fences);
+        if seen.is_empty() {
+            out.push("the monitor got no leadership answer from any node".to_owned());
+        }
+        if fences.is_empty() {
+            out.push("the monitor got no fence reading from the proxy".to_owned());
+        }
+        (seen.len(), out)
     }
 }
 
@@ -534,15 +545,17 @@ pub fn view_violations(seen: &[Leadership], fences: &[u64]) -> Vec<String> {
     out
 }
 
-/// The node's log messages whose `term` is durable: its start (the stored term) and what
-/// it publishes after persisting a `Ready`. Others (raft's own lines, a token withdrawn
-/// before the new term is persisted) may show a term that a `kill -9` loses, rightly.
-pub const DURABLE_TERM_MESSAGES: [&str; 5] = [
-    "node started",
-    "became leader",
-    "role changed",
-    "leader changed",
-    "established leader: token available",
+/// The node's log events whose `term` the checks read. Every one of them carries a term
+/// that is already durable when it is logged (its start loads the stored term; the others
+/// are published only after the `Ready` carrying their term is persisted), so a node that
+/// logged one of them can never come back from a `kill -9` below it. Lines without an
+/// `event` field (raft's own lines, a token withdrawn before its term is persisted) may
+/// show a term a `kill -9` loses, rightly, and are not read.
+pub const TERM_EVENTS: [&str; 4] = [
+    events::NODE_STARTED,
+    events::LEADERSHIP_CHANGED,
+    events::LEADER_ESTABLISHED,
+    events::TOKEN_ANNOUNCED,
 ];
 
 /// Term violations in the nodes' JSON logs (see [`log_violations`]).
@@ -553,39 +566,44 @@ pub fn term_violations(cluster: &Cluster) -> (usize, Vec<String>) {
 }
 
 /// Term violations in nodes' JSON logs (by node id, one log per start, oldest first),
-/// with the number of established leaderships found: a term in which two nodes became
-/// established leaders, or a node that started (after a `kill -9`) at a lower term than
-/// one it had logged before (every term it logs in [`DURABLE_TERM_MESSAGES`] is already
-/// durable: it publishes a term only after persisting it).
+/// with the number of established leaderships found. Events are recognised by their
+/// structured `event` field (names from [`events`]), never by message text:
+/// - a term in which two nodes became established leaders ([`events::LEADER_ESTABLISHED`]);
+/// - a node that started (after a `kill -9`) at a lower term than one it had logged before
+///   (every term in [`TERM_EVENTS`] is already durable when logged);
+/// - a start that logged no [`events::NODE_STARTED`]: the checks would otherwise pass on
+///   logs that hold no events at all (a changed log format, an empty file).
 pub fn log_violations(logs: &BTreeMap<u64, Vec<String>>) -> (usize, Vec<String>) {
     let mut out = Vec::new();
     let mut leaders: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
     let mut established = 0;
+    if logs.is_empty() {
+        out.push("no node logs to check".to_owned());
+    }
     for (&id, starts) in logs {
         let mut highest = 0_u64;
         for (start, log) in starts.iter().enumerate() {
-            for line in log.lines() {
-                let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-                    continue;
-                };
-                let fields = &v["fields"];
-                let Some(term) = fields["term"].as_u64() else {
-                    continue;
-                };
-                let message = fields["message"].as_str().unwrap_or_default();
-                if !DURABLE_TERM_MESSAGES.contains(&message) {
-                    continue;
+            let mut started = false;
+            for (event, term) in log.lines().filter_map(term_event) {
+                if event == events::NODE_STARTED {
+                    started = true;
+                    if term < highest {
+                        out.push(format!(
+                            "node {id} restarted (start {start}) at term {term} after logging term {highest}"
+                        ));
+                    }
                 }
-                if message == "node started" && term < highest {
-                    out.push(format!(
-                        "node {id} restarted (start {start}) at term {term} after logging term {highest}"
-                    ));
-                }
-                if message == "established leader: token available" {
+                if event == events::LEADER_ESTABLISHED {
                     established += 1;
                     leaders.entry(term).or_default().insert(id);
                 }
                 highest = highest.max(term);
+            }
+            if !started {
+                out.push(format!(
+                    "node {id} (start {start}) logged no `{EVENT_FIELD}={}` line: its log cannot be checked",
+                    events::NODE_STARTED
+                ));
             }
         }
     }
@@ -597,6 +615,15 @@ pub fn log_violations(logs: &BTreeMap<u64, Vec<String>>) -> (usize, Vec<String>)
         }
     }
     (established, out)
+}
+
+/// The event name and term of a JSON log line that is one of [`TERM_EVENTS`].
+fn term_event(line: &str) -> Option<(&'static str, u64)> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let fields = &v["fields"];
+    let name = fields[EVENT_FIELD].as_str()?;
+    let event = TERM_EVENTS.into_iter().find(|&e| e == name)?;
+    Some((event, fields["term"].as_u64()?))
 }
 
 /// The seed of a randomized scenario: `PALISADE_FAULT_SEED` if set (to replay a run),
@@ -629,7 +656,7 @@ pub async fn tagged_put(
         Method::PUT,
         &format!("{base}{path}"),
         &[
-            ("fencing-token", &t),
+            (headers::FENCING_TOKEN.as_str(), &t),
             (palisade_cluster::worker::WRITER_HEADER, writer),
             (palisade_cluster::worker::SEQ_HEADER, &q),
         ],
@@ -657,7 +684,7 @@ mod tests {
     fn view(node_id: u64, term: u64, token: Option<u64>) -> Leadership {
         Leadership {
             node_id,
-            scope: "default".to_owned(),
+            scope: DEFAULT_SCOPE.to_owned(),
             term,
             leader_id: 0,
             role: if token.is_some() {
@@ -683,46 +710,60 @@ mod tests {
         assert!(view_violations(&[], &[3, 2])[0].contains("fence went down from 3 to 2"));
     }
 
-    fn line(message: &str, term: u64) -> String {
-        serde_json::json!({"level":"INFO","fields":{"message":message,"term":term}}).to_string()
+    fn line(event: &str, term: u64) -> String {
+        serde_json::json!({"level":"INFO","fields":{"message":"prose the checks ignore",EVENT_FIELD:event,"term":term}}).to_string()
     }
 
-    /// Goal: each log check fires on a made-up violation and not on a clean run; terms
-    /// in other messages (not durable) are ignored.
+    /// Goal: each log check fires on a made-up violation and not on a clean run; lines
+    /// without an `event` field are ignored whatever their message says. Method: hand-made
+    /// JSON lines in the format of the nodes' logs.
     #[test]
     fn log_checks_catch_reused_terms_and_restarts_at_a_lower_term() {
+        let started = |term| line(events::NODE_STARTED, term);
+        let established = |term| line(events::LEADER_ESTABLISHED, term);
+        let withdrawn = serde_json::json!({"fields":{"message":"token withdrawn","term":9}});
         let clean = BTreeMap::from([
             (
                 1,
                 vec![
-                    [
-                        line("node started", 0),
-                        line("established leader: token available", 1),
-                    ]
-                    .join("\n"),
-                    [line("node started", 1), line("token withdrawn", 9)].join("\n"),
+                    [started(0), established(1)].join("\n"),
+                    [started(1), withdrawn.to_string()].join("\n"),
                 ],
             ),
-            (
-                2,
-                vec![
-                    [
-                        line("node started", 0),
-                        line("established leader: token available", 2),
-                    ]
-                    .join("\n"),
-                ],
-            ),
+            (2, vec![[started(0), established(2)].join("\n")]),
         ]);
         assert_eq!(log_violations(&clean), (2, Vec::new()));
 
         let reused = BTreeMap::from([
-            (1, vec![line("established leader: token available", 3)]),
-            (2, vec![line("established leader: token available", 3)]),
+            (1, vec![[started(0), established(3)].join("\n")]),
+            (2, vec![[started(0), established(3)].join("\n")]),
         ]);
         assert!(log_violations(&reused).1[0].contains("term 3 had established leaders {1, 2}"));
 
-        let lost = BTreeMap::from([(1, vec![line("role changed", 4), line("node started", 3)])]);
+        let lost = BTreeMap::from([(
+            1,
+            vec![
+                [started(0), line(events::LEADERSHIP_CHANGED, 4)].join("\n"),
+                started(3),
+            ],
+        )]);
         assert!(log_violations(&lost).1[0].contains("restarted (start 1) at term 3"));
+    }
+
+    /// Goal: logs without events fail the check instead of passing it: prose messages
+    /// alone (the old format), an empty log, or no logs at all. Method: check such logs.
+    #[test]
+    fn log_checks_fail_when_no_events_were_logged() {
+        let prose = serde_json::json!({"fields":{"message":"node started","term":1}}).to_string();
+        let (count, violations) = log_violations(&BTreeMap::from([(1, vec![prose])]));
+        assert_eq!(count, 0);
+        assert!(
+            violations[0].contains("logged no `event=node-started` line"),
+            "{violations:?}"
+        );
+        let (_, violations) = log_violations(&BTreeMap::from([(1, vec![String::new()])]));
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        let (_, violations) = log_violations(&BTreeMap::new());
+        assert_eq!(violations, vec!["no node logs to check".to_owned()]);
     }
 }

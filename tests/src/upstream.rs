@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use palisade_cluster::history;
 use palisade_cluster::worker::{SEQ_HEADER, WRITER_HEADER};
+use palisade_protocol::{DEFAULT_SCOPE, headers};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -64,7 +65,10 @@ impl Applied {
     /// client attempted (or one applied with another token).
     pub fn to_history(&self) -> history::Applied {
         history::Applied {
-            scope: self.scope.clone().unwrap_or_else(|| "default".to_owned()),
+            scope: self
+                .scope
+                .clone()
+                .unwrap_or_else(|| DEFAULT_SCOPE.to_owned()),
             token: self
                 .token
                 .as_deref()
@@ -204,7 +208,7 @@ async fn handle(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let header = |name: &str| {
+    let header = |name: &HeaderName| {
         parts
             .headers
             .get(name)
@@ -213,11 +217,11 @@ async fn handle(
     let applied = Applied {
         method: parts.method.to_string(),
         path: path.clone(),
-        token: header("fencing-token"),
+        token: header(&headers::FENCING_TOKEN),
         body,
-        scope: header("fencing-scope"),
-        writer: header(WRITER_HEADER),
-        seq: header(SEQ_HEADER),
+        scope: header(&headers::FENCING_SCOPE),
+        writer: header(&HeaderName::from_static(WRITER_HEADER)),
+        seq: header(&HeaderName::from_static(SEQ_HEADER)),
         arrived_at: state.tick(),
         applied_at: 0,
     };

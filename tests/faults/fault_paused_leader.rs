@@ -8,8 +8,6 @@
 //! Every write's outcome and what the upstream applied go through the history checker.
 //! `PALISADE_FAULT_CYCLES=N` runs the headline N times (default 3).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use palisade_cluster::history::Outcome;
 use palisade_tests::scenario::{STEP_TIMEOUT, Scenario, ScenarioSpec};
 

@@ -11,8 +11,6 @@
 //! timing is not replayed). `PALISADE_SOAK_SECS=N` runs the
 //! mix for N seconds instead of the default 20: the soak mode.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

@@ -1,17 +1,13 @@
 //! `palisade demo`, the main job, as a user runs it: a real process that starts its own
 //! cluster, pauses the leader, and must end with a verdict that holds.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::process::Command;
-
-use palisade_cluster::palisade_bin;
 
 /// Goal: the demo shows a paused leader's write rejected and exits 0 with a verdict that
 /// holds. Method: run it with a short pause and fast ticks; read its timeline.
 #[test]
 fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
-    let output = Command::new(palisade_bin().unwrap())
+    let output = Command::new(crate::PALISADE)
         .args(["demo", "--pause", "2", "--tick-ms", "50"])
         .env("RUST_LOG", "warn")
         .output()
@@ -40,10 +36,7 @@ fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
 #[test]
 fn demo_refuses_bad_options_with_exit_2() {
     for args in [["demo", "--nodes", "2"], ["demo", "--pause", "0"]] {
-        let output = Command::new(palisade_bin().unwrap())
-            .args(args)
-            .output()
-            .unwrap();
+        let output = Command::new(crate::PALISADE).args(args).output().unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(

@@ -1,8 +1,6 @@
 //! The proxy's fencing rules, end to end: a real `palisade proxy` process in front of a
 //! recording upstream that logs what really reached the storage.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::time::Duration;
 
 use http::{Method, StatusCode};
@@ -257,7 +255,7 @@ async fn admin_advance_fences_out_lower_writes() {
     let advanced = send(
         Method::POST,
         &proxy.admin_url("/v1/fences/default"),
-        &[],
+        &[("content-type", "application/json")],
         r#"{"token":4}"#,
     )
     .await;
@@ -267,7 +265,7 @@ async fn admin_advance_fences_out_lower_writes() {
     let again = send(
         Method::POST,
         &proxy.admin_url("/v1/fences/default"),
-        &[],
+        &[("content-type", "application/json")],
         r#"{"token":4}"#,
     )
     .await;
@@ -275,7 +273,7 @@ async fn admin_advance_fences_out_lower_writes() {
     let lower = send(
         Method::POST,
         &proxy.admin_url("/v1/fences/default"),
-        &[],
+        &[("content-type", "application/json")],
         r#"{"token":2}"#,
     )
     .await;
@@ -298,11 +296,11 @@ async fn admin_advance_fences_out_lower_writes() {
     let bad = send(
         Method::POST,
         &proxy.admin_url("/v1/fences/default"),
-        &[],
+        &[("content-type", "application/json")],
         "{}",
     )
     .await;
-    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     let metrics = send(Method::GET, &proxy.admin_url("/metrics"), &[], "")
         .await
         .text();
@@ -451,8 +449,15 @@ async fn admin_advance_waits_for_lower_writes_in_flight() {
     let (upstream, proxy) = proxy_with_upstream(dir.path(), BARRIER_1500_MS).await;
     let low = hold_in_flight(&upstream, &proxy, "/slow", 1).await;
     let admin = proxy.admin_url("/v1/fences/default");
-    let advance =
-        tokio::spawn(async move { send(Method::POST, &admin, &[], r#"{"token":2}"#).await });
+    let advance = tokio::spawn(async move {
+        send(
+            Method::POST,
+            &admin,
+            &[("content-type", "application/json")],
+            r#"{"token":2}"#,
+        )
+        .await
+    });
     // Show that the advance does not answer while the token-1 write is in flight.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -470,7 +475,7 @@ async fn admin_advance_waits_for_lower_writes_in_flight() {
     let late = send(
         Method::POST,
         &proxy.admin_url("/v1/fences/default"),
-        &[],
+        &[("content-type", "application/json")],
         r#"{"token":3}"#,
     )
     .await;

@@ -2,17 +2,14 @@
 //! real signals (SIGSTOP, SIGCONT, SIGKILL, SIGTERM), started and controlled through
 //! `palisade-cluster`. The nodes do not announce to the cluster's proxy here. Short ticks
 //! (`--tick-ms 20`, so an election timeout of 200-400 ms) keep the suite fast.
-//!
-//! Needs the `palisade` binary: `cargo test --workspace` builds it (or set `PALISADE_BIN`).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
 use nix::sys::signal::Signal;
 use palisade_cluster::client::{Answer, try_send_within};
-use palisade_cluster::wait::until;
-use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, Leadership, palisade_bin};
+use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, Leadership};
+use palisade_tests::wait::until;
 
 /// Generous deadline for anything that takes a few election timeouts.
 const SETTLE: Duration = Duration::from_secs(15);
@@ -270,7 +267,7 @@ fn config_errors_exit_2_naming_the_field() {
         (&["--election-ticks", "5"], "id"),
     ];
     for (extra, field) in cases {
-        let out = std::process::Command::new(palisade_bin().unwrap())
+        let out = std::process::Command::new(crate::PALISADE)
             .args(base)
             .arg("--data-dir")
             .arg(dir.path())

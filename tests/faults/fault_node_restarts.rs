@@ -4,8 +4,6 @@
 //! (which record every established leadership, however short). Workers keep writing
 //! through the proxy meanwhile, and their history is checked.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::time::Duration;
 
 use palisade_tests::scenario::{Monitor, Scenario, ScenarioSpec, fault_seed, term_violations};

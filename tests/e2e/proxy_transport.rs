@@ -1,8 +1,6 @@
 //! The proxy's transport and limits, end to end: body and header limits, slow clients,
 //! TLS from PEM files, cleartext HTTP/2, and graceful shutdown.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};

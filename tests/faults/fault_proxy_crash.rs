@@ -5,16 +5,15 @@
 //! The proxy runs with `PALISADE_FAILPOINT_STOP=<failpoint>`: on reaching it, it prints
 //! a line and stops itself whole (`SIGSTOP`), so the `kill -9` lands exactly there.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::time::Duration;
 
 use http::Method;
 use palisade_cluster::ProxyProcess;
 use palisade_cluster::client::try_send_within;
 use palisade_cluster::history::{self, History, Op, Outcome, Recorder};
-use palisade_cluster::worker::FAILPOINT_LINE;
-use palisade_tests::scenario::{STOP_ENV, outcome_of, tagged_put};
+use palisade_protocol::process::FAILPOINT_STOP_ENV;
+use palisade_tests::process::wait_for_failpoint;
+use palisade_tests::scenario::{outcome_of, tagged_put};
 use palisade_tests::upstream::RecordingUpstream;
 use palisade_tests::wait;
 
@@ -85,7 +84,9 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
 
     for round in 0..ROUNDS {
         for failpoint in FAILPOINTS {
-            proxy.restart_with_env(&[(STOP_ENV, failpoint)]).unwrap();
+            proxy
+                .restart_with_env(&[(FAILPOINT_STOP_ENV, failpoint)])
+                .unwrap();
             token += 1;
             seq += 1;
             recorder.invoke("default", token, WRITER, seq);
@@ -94,12 +95,8 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
             let doomed = tokio::spawn(async move {
                 tagged_put(&url, &format!("/crash/{q}"), t, WRITER, q, STEP).await
             });
-            let line = proxy
-                .lines()
-                .wait_for(FAILPOINT_LINE, STEP)
-                .await
-                .unwrap_or_else(|| panic!("the proxy never reached {failpoint}"));
-            assert!(line.contains(failpoint), "{line}");
+            let stop = wait_for_failpoint(proxy.lines(), failpoint, STEP).await;
+            assert_eq!(stop.name, failpoint);
             let frozen = &proxy;
             wait::until("the proxy to be stopped", STEP, || async {
                 frozen.guard.is_stopped().then_some(())

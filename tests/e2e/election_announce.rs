@@ -1,8 +1,6 @@
 //! Fence on election, end to end: real `palisade node` processes announce their token to
 //! a real `palisade proxy`, so a new leader fences out its predecessor without writing.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::time::Duration;
 
 use http::{Method, StatusCode};
@@ -35,7 +33,7 @@ async fn new_leader_fences_the_proxy_without_writing() {
         .expect("a first leader");
     let old = first.token.unwrap();
     let fence =
-        palisade_cluster::wait::until("the first token at the proxy", ELECTION_TIMEOUT, || async {
+        palisade_tests::wait::until("the first token at the proxy", ELECTION_TIMEOUT, || async {
             cluster.proxy_fence("default").await.filter(|&f| f == old)
         })
         .await;
@@ -55,7 +53,7 @@ async fn new_leader_fences_the_proxy_without_writing() {
         .expect("a new leader while the old one is paused");
     let new = next.token.unwrap();
     assert!(new > old, "terms only grow: {new} > {old}");
-    palisade_cluster::wait::until("the new token at the proxy", ELECTION_TIMEOUT, || async {
+    palisade_tests::wait::until("the new token at the proxy", ELECTION_TIMEOUT, || async {
         cluster.proxy_fence("default").await.filter(|&f| f == new)
     })
     .await;
@@ -79,7 +77,7 @@ async fn new_leader_fences_the_proxy_without_writing() {
     assert_eq!(stale.header("fencing-token-current"), Some(new.to_string()));
 
     // The resumed node learns the new term and reports no token.
-    palisade_cluster::wait::until(
+    palisade_tests::wait::until(
         "the old leader to follow the new term",
         ELECTION_TIMEOUT,
         || async {

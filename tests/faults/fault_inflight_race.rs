@@ -4,8 +4,6 @@
 //! (three nodes announcing to a proxy) in front of the recording upstream, which delays
 //! the old leader's writes.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};

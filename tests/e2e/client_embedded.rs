@@ -1,8 +1,6 @@
 //! Embedding: an application runs its election node in-process and writes through a real
 //! proxy with the node's token, read from the node's leadership watch.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,24 +1,30 @@
 //! The failpoints the fault scenarios rely on, in the very `palisade` binary the tests
-//! run: `cargo test --workspace` builds it with the `failpoints` feature (tests/Cargo.toml
-//! turns it on), and these tests fail, saying how to build it, if it was built without.
-//! Release builds have none: see the README's Tests section for the check.
-
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
+//! run: Cargo builds it for these tests with the `failpoints` features (palisade-cli's
+//! dev-dependencies turn them on), and these tests fail, saying so, if it has none.
+//! Release builds made with `cargo build --release` have none: see the README's Tests
+//! section for the check.
 
 use std::time::Duration;
 
 use palisade_cluster::client::{put, try_send_within};
-use palisade_cluster::worker::FAILPOINT_LINE;
-use palisade_cluster::{Launch, ProxyProcess, palisade_bin, spawn_launch};
-use palisade_tests::scenario::{CLIENT_FAILPOINT, STOP_ENV};
+use palisade_cluster::{Launch, ProxyProcess, spawn_launch};
+use palisade_protocol::headers;
+use palisade_protocol::process::{FAILPOINT_STOP_ENV, FailpointStop};
+use palisade_tests::process::wait_for_failpoint;
+use palisade_tests::scenario::CLIENT_FAILPOINT;
 use palisade_tests::upstream::RecordingUpstream;
 use palisade_tests::wait;
 
 /// Bound on a child reaching a failpoint or finishing.
 const STEP: Duration = Duration::from_secs(20);
 
+/// What a failure here most likely means.
 fn no_failpoints_help() -> String {
-    palisade_cluster::ClusterError::NoFailpoints(palisade_bin().unwrap()).to_string()
+    format!(
+        "the palisade binary at {} seems to have no failpoints compiled in, although \
+         palisade-cli's dev-dependencies turn the `failpoints` features on for its tests",
+        crate::PALISADE
+    )
 }
 
 /// Goal: the failpoint probe the scenarios start with agrees with this binary.
@@ -84,13 +90,25 @@ async fn client_stops_before_send_until_continued() {
         .iter()
         .map(ToString::to_string)
         .collect(),
-        env: vec![(STOP_ENV.to_owned(), CLIENT_FAILPOINT.to_owned())],
+        env: vec![(FAILPOINT_STOP_ENV.to_owned(), CLIENT_FAILPOINT.to_owned())],
         prefix: Vec::new(),
     };
-    let marker = format!("{FAILPOINT_LINE} {CLIENT_FAILPOINT}");
-    let (mut client, line, _) = spawn_launch(&launch, &dir.path().join("put.log"), &marker, "put")
-        .unwrap_or_else(|e| panic!("{}: {e}", no_failpoints_help()));
-    assert!(line.contains("reached"), "{line}");
+    // The failpoint's name appears in no other line the client prints.
+    let (mut client, line, _) = spawn_launch(
+        &launch,
+        &dir.path().join("put.log"),
+        CLIENT_FAILPOINT,
+        "put",
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", no_failpoints_help()));
+    let stop =
+        FailpointStop::parse(&line).unwrap_or_else(|| panic!("not a failpoint line: {line}"));
+    assert_eq!(stop.name, CLIENT_FAILPOINT);
+    assert_eq!(
+        i64::from(stop.pid),
+        i64::from(client.pid().as_raw()),
+        "{line}"
+    );
     wait::until("the client to be stopped", STEP, || async {
         client.is_stopped().then_some(())
     })
@@ -117,9 +135,9 @@ async fn client_stops_before_send_until_continued() {
 /// naming it, not a scenario that silently never stops.
 #[test]
 fn unknown_stop_failpoint_is_a_usage_error() {
-    let out = std::process::Command::new(palisade_bin().unwrap())
+    let out = std::process::Command::new(crate::PALISADE)
         .args(["fence", "--admin", "http://127.0.0.1:9"])
-        .env(STOP_ENV, "proxy-before-forwrd")
+        .env(FAILPOINT_STOP_ENV, "proxy-before-forwrd")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -145,7 +163,7 @@ async fn a_proxy_stopped_at_a_failpoint_is_frozen_whole() {
         "127.0.0.1:0",
         "127.0.0.1:0",
         &["--upstream", &url],
-        &[(STOP_ENV, "proxy-after-fence-commit")],
+        &[(FAILPOINT_STOP_ENV, "proxy-after-fence-commit")],
     )
     .unwrap();
     let write_url = proxy.url("/frozen");
@@ -153,25 +171,22 @@ async fn a_proxy_stopped_at_a_failpoint_is_frozen_whole() {
         try_send_within(
             http::Method::PUT,
             &write_url,
-            &[("fencing-token", "3")],
+            &[(headers::FENCING_TOKEN.as_str(), "3")],
             "x",
             STEP,
         )
         .await
     });
-    let line = proxy
-        .lines()
-        .wait_for(FAILPOINT_LINE, STEP)
-        .await
-        .unwrap_or_else(|| panic!("{}", no_failpoints_help()));
-    assert!(line.contains("proxy-after-fence-commit"), "{line}");
+    let stop = wait_for_failpoint(proxy.lines(), "the proxy", STEP).await;
+    assert_eq!(stop.name, "proxy-after-fence-commit");
+    assert_eq!(i64::from(stop.pid), i64::from(proxy.guard.pid().as_raw()));
     wait::until("the proxy to be stopped", STEP, || async {
         proxy.guard.is_stopped().then_some(())
     })
     .await;
     let admin = try_send_within(
         http::Method::GET,
-        &proxy.admin_url("/healthz"),
+        &proxy.admin_url(palisade_protocol::admin::HEALTHZ_PATH),
         &[],
         "",
         Duration::from_millis(300),

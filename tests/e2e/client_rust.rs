@@ -2,8 +2,6 @@
 //! on writes, the typed rejection that stops a stale writer before it reaches the proxy
 //! again, retries of idempotent requests, and timeouts reported as unknown outcomes.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

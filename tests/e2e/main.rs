@@ -1,0 +1,32 @@
+//! End-to-end tests of the `palisade` binary: real processes, real sockets, real signals.
+//!
+//! These are integration tests of the package that owns the binary (`palisade-cli`), so
+//! Cargo builds the binary for them, with the dev-dependencies' features (the failpoints)
+//! on, and names it in `CARGO_BIN_EXE_palisade`: whatever was built before (`cargo
+//! build`, another package's tests), the binary these tests run is the one this build
+//! made. The harness (fixtures, recording upstream, scenarios) is the `palisade-tests`
+//! library.
+//!
+//! # Layout
+//! - `proxy_fencing`: the proxy's fencing rules against a recording upstream, restarts
+//!   and `kill -9`.
+//! - `proxy_transport`: body and header limits, slow clients, TLS, h2c, graceful shutdown.
+//! - `election_process`: elections among `palisade node` processes: pauses, kills,
+//!   transfer, resign, long poll, configuration errors.
+//! - `election_announce`: a new leader fences the proxy without writing.
+//! - `client_rust`: the Rust client against a real proxy.
+//! - `client_embedded`: an in-process election node driving the Rust client.
+//! - `demo`: `palisade demo`, as a user runs it.
+// Tests may unwrap: a failed step panics with its cause, which is what a test should do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod client_embedded;
+mod client_rust;
+mod demo;
+mod election_announce;
+mod election_process;
+mod proxy_fencing;
+mod proxy_transport;
+
+/// The `palisade` binary Cargo built for these tests.
+const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");

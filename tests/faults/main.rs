@@ -1,0 +1,32 @@
+//! Fault scenarios on real `palisade` processes: failpoints, pauses, `kill -9`,
+//! partitions, slow links and a slow storage, with every write checked by the history
+//! checker.
+//!
+//! These are integration tests of the package that owns the binary (`palisade-cli`), so
+//! Cargo builds the binary for them with the failpoints compiled in (`palisade-cli`'s
+//! dev-dependencies turn the `failpoints` features on) and names it in
+//! `CARGO_BIN_EXE_palisade`: a plain `cargo build` beforehand, which builds the binary
+//! without failpoints, cannot leave these tests running that one.
+//!
+//! # Layout
+//! - `failpoints`: the failpoints the scenarios rely on fire in the binary under test.
+//! - `fault_paused_leader`: the headline: a leader paused before sending is fenced out.
+//! - `fault_partition`: a partitioned or slow leader is fenced out (test faults; network
+//!   namespaces and nft when run as root with `--ignored`).
+//! - `fault_inflight_race`: a lower-token write in flight is applied before a higher one.
+//! - `fault_node_restarts`: `kill -9` of nodes during elections never reuses a term.
+//! - `fault_proxy_crash`: `kill -9` of the proxy at each failpoint keeps the fence.
+//! - `fault_random_mix`: a seeded random mix of all of the above.
+// Tests may unwrap: a failed step panics with its cause, which is what a test should do.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod failpoints;
+mod fault_inflight_race;
+mod fault_node_restarts;
+mod fault_partition;
+mod fault_paused_leader;
+mod fault_proxy_crash;
+mod fault_random_mix;
+
+/// The `palisade` binary Cargo built for these tests, failpoints included.
+const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");
