@@ -24,11 +24,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use palisade_election::{ConfigError, Node, NodeConfig, NodeError, StartError};
+use palisade_protocol::process::{NodeReady, TEST_FAULTS_ENV};
 use serde::Deserialize;
 
 /// The environment variable that enables the node API's test-fault route:
-/// `PALISADE_TEST_FAULTS=1`.
-pub const TEST_FAULTS_ENV: &str = "PALISADE_TEST_FAULTS";
 
 /// Flags of `palisade node`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -274,14 +273,12 @@ pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
         other => NodeCommandError::Start(other),
     })?;
     // A line on stdout that scripts and tests can wait for.
-    println!(
-        "palisade node {} listening on {} (raft {})",
-        node.id(),
-        node.api_addr()
-            .map_or_else(|| "-".to_owned(), |a| a.to_string()),
-        node.peer_addr()
-            .map_or_else(|| "-".to_owned(), |a| a.to_string()),
-    );
+    let ready = NodeReady {
+        id: node.id(),
+        api: node.api_addr(),
+        peer: node.peer_addr(),
+    };
+    println!("{ready}");
     let stopped = tokio::select! {
         () = crate::shutdown_signal() => {
             tracing::info!(node_id = node.id(), "stopping");

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
+use palisade_protocol::process::ProxyReady;
 use palisade_proxy::{ProxyConfig, StartError, TlsConfig};
 
 use crate::Failure;
@@ -82,10 +83,11 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<(), Failure> {
         _ => Failure::Runtime(e.to_string()),
     })?;
     // A line on stdout that scripts and tests can wait for.
-    println!(
-        "palisade proxy listening on {} (admin {})",
-        handle.listen, handle.admin
-    );
+    let ready = ProxyReady {
+        listen: handle.listen,
+        admin: handle.admin,
+    };
+    println!("{ready}");
     crate::shutdown_signal().await;
     handle.shutdown();
     handle.wait().await;

@@ -1,16 +1,19 @@
-//! A small HTTP client: one request over a fresh connection, the whole answer back.
+//! The launcher's one raw HTTP helper: a request with exactly the headers given (a
+//! repeated `Fencing-Token`, a malformed one, none at all), over a fresh connection, the
+//! whole answer back. Tests need it to send what a well-behaved client never would; every
+//! ordinary call (leadership, fences, faults, advance) goes through `palisade_client`'s
+//! typed APIs instead.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{Client, connect::HttpConnector};
-use hyper_util::rt::TokioExecutor;
+use http::{HeaderMap, Method, StatusCode};
+use palisade_protocol::Problem;
 
 use crate::{ClusterError, Result};
 
-/// Longest one request may take.
+/// Longest one request may take by default.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A whole response.
@@ -29,10 +32,17 @@ impl Answer {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
     }
+
+    /// The body as a problem+json [`Problem`], when it is one.
+    pub fn problem(&self) -> Option<Problem> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
     /// The body as text.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
+
     /// A header as text.
     pub fn header(&self, name: &str) -> Option<String> {
         self.headers
@@ -40,6 +50,25 @@ impl Answer {
             .and_then(|v| v.to_str().ok())
             .map(ToOwned::to_owned)
     }
+}
+
+/// The shared raw client: no pooled connections (each request opens its own, so a
+/// restarted proxy is never reached through a dead one), no proxy from the environment,
+/// no redirects, no TLS roots (the raw helper speaks plain HTTP to local processes).
+fn raw_client() -> std::result::Result<&'static reqwest::Client, String> {
+    static CLIENT: OnceLock<std::result::Result<reqwest::Client, String>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .no_proxy()
+                .redirect(reqwest::redirect::Policy::none())
+                .tls_built_in_native_certs(false)
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// Sends one request. `headers` are appended in order, so a header may be repeated.
@@ -64,48 +93,35 @@ pub async fn try_send_within(
         url: url.to_owned(),
         cause,
     };
-    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build_http();
-    let mut builder = Request::builder().method(method).uri(url);
+    let client = raw_client().map_err(err)?;
+    let mut request = client.request(method, url);
     for (k, v) in headers {
-        builder = builder.header(*k, *v);
+        request = request.header(*k, *v);
     }
-    let request = builder
-        .body(Full::new(body.into()))
-        .map_err(|e| err(e.to_string()))?;
-    let response = tokio::time::timeout(timeout, client.request(request))
+    let work = async {
+        let response = request.body(body.into()).send().await.map_err(|e| {
+            err(
+                std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                    e.source()
+                })
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(": "),
+            )
+        })?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| err(format!("reading the body: {e}")))?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    };
+    tokio::time::timeout(timeout, work)
         .await
         .map_err(|_| err(format!("timed out after {timeout:?}")))?
-        .map_err(|e| err(format!("{e:?}")))?;
-    let (parts, body) = response.into_parts();
-    let body = tokio::time::timeout(timeout, body.collect())
-        .await
-        .map_err(|_| err(format!("body timed out after {timeout:?}")))?
-        .map_err(|e| err(e.to_string()))?
-        .to_bytes();
-    Ok(Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-    })
-}
-
-/// [`try_send`] that panics on transport errors: for tests.
-pub async fn send(
-    method: Method,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-) -> Answer {
-    match try_send(method, url, headers, body).await {
-        Ok(a) => a,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-/// A PUT with a fencing token, panicking on transport errors: for tests.
-pub async fn put(url: &str, token: u64, body: &str) -> Answer {
-    let t = token.to_string();
-    send(Method::PUT, url, &[("fencing-token", &t)], body.to_owned()).await
 }

@@ -5,7 +5,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::node::{Leadership, LinkFaults, NodeProcess, NodeSpec};
+use palisade_protocol::{FaultSpec, LeaderView, Role};
+
+use crate::node::{NodeProcess, NodeSpec};
 use crate::proxy::ProxyProcess;
 use crate::{ClusterError, Result, free_port, wait};
 
@@ -154,13 +156,13 @@ impl Cluster {
         let ids = self.ids();
         for node in &self.nodes {
             let mine = side.contains(&node.id());
-            let faults = LinkFaults {
+            let faults = FaultSpec {
                 drop: ids
                     .iter()
                     .copied()
                     .filter(|&id| id != node.id() && side.contains(&id) != mine)
                     .collect(),
-                ..LinkFaults::default()
+                ..FaultSpec::default()
             };
             node.set_faults(&faults).await?;
         }
@@ -170,7 +172,7 @@ impl Cluster {
     /// Removes every test fault from every node.
     pub async fn heal(&self) -> Result<()> {
         for node in &self.nodes {
-            node.set_faults(&LinkFaults::default()).await?;
+            node.set_faults(&FaultSpec::default()).await?;
         }
         Ok(())
     }
@@ -186,7 +188,7 @@ impl Cluster {
     }
 
     /// Every answering node's leadership, by id.
-    pub async fn leaderships(&self) -> BTreeMap<u64, Leadership> {
+    pub async fn leaderships(&self) -> BTreeMap<u64, LeaderView> {
         let mut out = BTreeMap::new();
         for node in &self.nodes {
             if let Some(l) = node.leadership().await {
@@ -198,9 +200,9 @@ impl Cluster {
 
     /// The established leader with the highest term among the answering nodes, skipping
     /// `except` (a paused node that may still believe it leads).
-    pub async fn established_leader(&self, except: Option<u64>) -> Option<Leadership> {
+    pub async fn established_leader(&self, except: Option<u64>) -> Option<LeaderView> {
         // `except` is not even asked: a paused node would only cost a query timeout.
-        let mut best: Option<Leadership> = None;
+        let mut best: Option<LeaderView> = None;
         for node in self.nodes.iter().filter(|n| Some(n.id()) != except) {
             if let Some(l) = node.leadership().await
                 && l.token.is_some()
@@ -214,13 +216,13 @@ impl Cluster {
 
     /// The established leader among the nodes `ids` when they have settled: every one of
     /// them answers, exactly one holds a token, and every other follows it in its term.
-    pub async fn settled_leader(&self, ids: &[u64]) -> Option<Leadership> {
+    pub async fn settled_leader(&self, ids: &[u64]) -> Option<LeaderView> {
         let all = self.leaderships().await;
-        let views: Vec<&Leadership> = ids.iter().filter_map(|id| all.get(id)).collect();
+        let views: Vec<&LeaderView> = ids.iter().filter_map(|id| all.get(id)).collect();
         if views.len() != ids.len() {
             return None;
         }
-        let leaders: Vec<&&Leadership> = views.iter().filter(|l| l.token.is_some()).collect();
+        let leaders: Vec<&&LeaderView> = views.iter().filter(|l| l.token.is_some()).collect();
         let [leader] = leaders.as_slice() else {
             return None;
         };
@@ -229,8 +231,8 @@ impl Cluster {
             .all(|l| {
                 l.node_id == leader.node_id
                     || (l.term == leader.term
-                        && l.leader_id == leader.node_id
-                        && l.role == "follower")
+                        && l.leader_id == Some(leader.node_id)
+                        && l.role == Role::Follower)
             })
             .then(|| (**leader).clone())
     }
@@ -241,7 +243,7 @@ impl Cluster {
         above: u64,
         except: Option<u64>,
         timeout: Duration,
-    ) -> Option<Leadership> {
+    ) -> Option<LeaderView> {
         wait::poll(timeout, || async {
             self.established_leader(except)
                 .await
@@ -252,16 +254,6 @@ impl Cluster {
 
     /// The proxy's fence for `scope` (0 when never seen), or `None` if it does not answer.
     pub async fn proxy_fence(&self, scope: &str) -> Option<u64> {
-        let url = self.proxy.admin_url(&format!("/v1/fences/{scope}"));
-        let answer = crate::client::try_send_within(
-            http::Method::GET,
-            &url,
-            &[],
-            "",
-            crate::node::QUERY_TIMEOUT,
-        )
-        .await
-        .ok()?;
-        answer.json()["token"].as_u64()
+        self.proxy.fence(scope).await
     }
 }

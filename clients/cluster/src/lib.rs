@@ -8,18 +8,23 @@
 //! its handle is dropped, so a panicking test or an interrupted demo leaves nothing behind.
 //!
 //! # Layout
-//! - `process`: locating the `palisade` binary; [`ChildGuard`]; spawning a child (with
-//!   extra environment, or inside a network namespace) and waiting for its ready line;
-//!   [`Lines`], its later stdout.
-//! - `proxy`: [`ProxyProcess`], a `palisade proxy` child; restart on the same ports.
-//! - `node`: [`NodeProcess`], a `palisade node` child, its leadership as JSON, and its
-//!   [`LinkFaults`] (drop or delay raft traffic per peer).
+//! - `process`: locating the `palisade` binary ([`set_palisade_bin`], [`palisade_bin`]);
+//!   [`ChildGuard`]; spawning a child (with extra environment, or inside a network
+//!   namespace) and waiting for its ready line; [`Lines`], its later stdout.
+//! - `proxy`: [`ProxyProcess`], a `palisade proxy` child and its admin client; restart
+//!   on the same ports.
+//! - `node`: [`NodeProcess`], a `palisade node` child, its leadership ([`LeaderView`])
+//!   and its test faults ([`FaultSpec`]: drop or delay raft traffic per peer), through
+//!   `palisade_client`'s node API client.
 //! - `cluster`: [`Cluster`], nodes plus a proxy, with leader queries and partitions.
 //! - `worker`: [`worker::WorkerProcess`], the writer beside a node (`palisade
 //!   demo-worker`), and its events.
 //! - `history`: the history checker: client operations against the apply log.
-//! - `client`: a small HTTP client returning status, headers and body.
+//! - `client`: the one raw HTTP helper, for requests with odd headers.
 //! - `wait`: waiting for a condition with a deadline.
+//!
+//! Nothing here panics: the library ships in the `palisade` binary (the demo runs on it).
+//! Tests wrap it in panicking shorthands of their own (`palisade-tests`).
 #![deny(missing_docs)]
 
 pub mod client;
@@ -32,9 +37,11 @@ pub mod wait;
 pub mod worker;
 
 pub use cluster::{Cluster, ClusterOptions, ClusterSpec, NodeHost};
-pub use node::{Leadership, LinkFaults, NodeProcess, NodeSpec, TEST_FAULTS_ENV};
+pub use node::{NodeProcess, NodeSpec};
+pub use palisade_protocol::{FaultSpec, LeaderView, Role};
 pub use process::{
-    ChildGuard, Launch, Lines, palisade_bin, require_failpoints, spawn_launch, spawn_until_line,
+    ChildGuard, Launch, Lines, PALISADE_BIN_ENV, palisade_bin, require_failpoints,
+    set_palisade_bin, spawn_launch, spawn_until, spawn_until_line,
 };
 pub use proxy::ProxyProcess;
 
@@ -42,14 +49,19 @@ pub use proxy::ProxyProcess;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClusterError {
-    /// The `palisade` binary is not where it should be.
+    /// No `palisade` binary was named, and this process is not one.
     #[error(
-        "the palisade binary is missing at {0}: build it with `cargo build -p palisade-cli`, or set PALISADE_BIN"
+        "no palisade binary to run: call palisade_cluster::set_palisade_bin(env!(\"CARGO_BIN_EXE_palisade\")) in a test of palisade-cli, or set PALISADE_BIN to the binary's path"
+    )]
+    NoBinary,
+    /// The `palisade` binary named is not there.
+    #[error(
+        "the palisade binary is missing at {0}: build it with `cargo build -p palisade-cli`, or point PALISADE_BIN at it"
     )]
     MissingBinary(std::path::PathBuf),
     /// The `palisade` binary was built without the `failpoints` feature.
     #[error(
-        "the palisade binary at {0} has no failpoints compiled in: build it with `cargo test --workspace` (tests/Cargo.toml turns palisade-cli's `failpoints` feature on) or `cargo build -p palisade-cli --features failpoints`; a plain `cargo build` or `cargo test -p palisade-cli` rebuilds it without them"
+        "the palisade binary at {0} has no failpoints compiled in: run the tests of palisade-cli that need them (their dev-dependencies turn the feature on), or build it with `cargo build -p palisade-cli --features failpoints`"
     )]
     NoFailpoints(std::path::PathBuf),
     /// A child could not be started.
@@ -79,6 +91,14 @@ pub enum ClusterError {
         signal: String,
         /// The cause.
         source: nix::Error,
+    },
+    /// A call of a typed API (node, admin) failed.
+    #[error("{what}: {source}")]
+    Client {
+        /// What was asked, of whom.
+        what: String,
+        /// The client's error.
+        source: palisade_client::ClientError,
     },
     /// An HTTP exchange failed.
     #[error("HTTP {url}: {cause}")]

@@ -1,62 +1,20 @@
-//! A `palisade node` child and its leadership, as its HTTP API reports it.
+//! A `palisade node` child and its leadership, read through `palisade_client`'s node API
+//! client.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::{Method, StatusCode};
-use serde::{Deserialize, Deserializer, Serialize};
+use palisade_client::NodeApi;
+use palisade_protocol::process::NodeReady;
+use palisade_protocol::{FaultSpec, LeaderView};
 
-use crate::client::try_send_within;
-use crate::process::{ChildGuard, Launch, spawn_launch};
+use crate::process::{ChildGuard, Launch, spawn_until};
 use crate::{ClusterError, Result};
 
-/// What a node prints on stdout once its API listens: `palisade node ID listening on ...`.
-pub const READY_LINE: &str = "palisade node";
 /// Timeout of one leadership query: short, so a paused node reads as "no answer".
 pub const QUERY_TIMEOUT: Duration = Duration::from_millis(500);
-/// Timeout of setting a node's test faults: a paused node cannot answer.
-pub const FAULTS_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// `GET /v1/leader`, as CONTRACT.md fixes it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct Leadership {
-    /// The answering node.
-    pub node_id: u64,
-    /// The fencing scope of the cluster.
-    pub scope: String,
-    /// Its raft term.
-    pub term: u64,
-    /// The leader it knows of (0: none; the API sends `null`).
-    #[serde(deserialize_with = "null_as_zero")]
-    pub leader_id: u64,
-    /// `leader`, `follower` or `candidate` (`pre-candidate` while probing).
-    pub role: String,
-    /// The fencing token: `Some(term)` only on an established leader.
-    pub token: Option<u64>,
-    /// Whether every `--announce` proxy has accepted the token.
-    pub announced: bool,
-}
-
-/// `null` (no leader known) as 0, so that a candidate's answer still parses.
-fn null_as_zero<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<u64, D::Error> {
-    Ok(Option::<u64>::deserialize(d)?.unwrap_or(0))
-}
-
-/// The environment variable that enables a node's test-fault route (`POST /v1/test/faults`).
-pub const TEST_FAULTS_ENV: &str = "PALISADE_TEST_FAULTS";
-
-/// The faults of one node's raft links, as `POST /v1/test/faults` takes them (the node
-/// must run with `PALISADE_TEST_FAULTS=1`): peers cut off both ways, and extra latency of
-/// what it sends to each peer.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LinkFaults {
-    /// Peers whose traffic this node discards, both what it sends and what it receives.
-    pub drop: BTreeSet<u64>,
-    /// Milliseconds of delay of what this node sends, per peer.
-    pub delay_ms: BTreeMap<u64, u64>,
-}
 
 /// How to start one node.
 #[derive(Debug, Clone)]
@@ -113,6 +71,8 @@ pub struct NodeProcess {
     pub guard: ChildGuard,
     /// How it was started (to restart it the same way).
     pub spec: NodeSpec,
+    /// A client of its API, with reads limited to [`QUERY_TIMEOUT`].
+    api: NodeApi,
     /// Directory of its logs.
     log_dir: PathBuf,
     starts: usize,
@@ -121,10 +81,18 @@ pub struct NodeProcess {
 impl NodeProcess {
     /// Starts a node and waits until its API has answered.
     pub fn start(spec: NodeSpec, log_dir: &Path) -> Result<Self> {
+        let url = format!("http://{}", spec.api);
+        let api = NodeApi::new(&url)
+            .map_err(|source| ClusterError::Client {
+                what: format!("a client of node {} at {url}", spec.id),
+                source,
+            })?
+            .timeout(QUERY_TIMEOUT);
         let guard = Self::spawn(&spec, log_dir, 0)?;
         Ok(Self {
             guard,
             spec,
+            api,
             log_dir: log_dir.to_owned(),
             starts: 1,
         })
@@ -138,7 +106,9 @@ impl NodeProcess {
             env: spec.env.clone(),
             prefix: spec.prefix.clone(),
         };
-        let (guard, _, _) = spawn_launch(&launch, &log, READY_LINE, &name)?;
+        let id = spec.id;
+        let ready = move |line: &str| NodeReady::parse(line).is_some_and(|r| r.id == id);
+        let (guard, _, _) = spawn_until(&launch, &log, ready, &name)?;
         Ok(guard)
     }
 
@@ -175,29 +145,23 @@ impl NodeProcess {
     }
 
     /// Replaces the faults of this node's raft links (`POST /v1/test/faults`); an empty
-    /// [`LinkFaults`] heals them. Needs `PALISADE_TEST_FAULTS=1` in the node's environment.
-    pub async fn set_faults(&self, faults: &LinkFaults) -> Result<()> {
-        let url = self.api_url("/v1/test/faults");
-        let body = serde_json::to_vec(faults).map_err(|e| ClusterError::Http {
-            url: url.clone(),
-            cause: e.to_string(),
-        })?;
-        let answer = try_send_within(
-            Method::POST,
-            &url,
-            &[("content-type", "application/json")],
-            body,
-            FAULTS_TIMEOUT,
-        )
-        .await?;
-        if answer.status == StatusCode::OK {
-            Ok(())
-        } else {
-            Err(ClusterError::Http {
-                url,
-                cause: format!("{}: {}", answer.status, answer.text()),
+    /// [`FaultSpec`] heals them. Needs `PALISADE_TEST_FAULTS=1`
+    /// ([`palisade_protocol::process::TEST_FAULTS_ENV`]) in the node's environment.
+    pub async fn set_faults(&self, faults: &FaultSpec) -> Result<()> {
+        self.api
+            .set_faults(faults)
+            .await
+            .map(drop)
+            .map_err(|source| ClusterError::Client {
+                what: format!("set the test faults of node {}", self.id()),
+                source,
             })
-        }
+    }
+
+    /// A client of this node's API (reads limited to [`QUERY_TIMEOUT`]): transfer,
+    /// resign, health, faults.
+    pub fn api(&self) -> &NodeApi {
+        &self.api
     }
 
     /// Its raft id.
@@ -210,21 +174,9 @@ impl NodeProcess {
         format!("http://{}{path}", self.spec.api)
     }
 
-    /// Its leadership, or `None` when it does not answer within `QUERY_TIMEOUT`
+    /// Its leadership, or `None` when it does not answer within [`QUERY_TIMEOUT`]
     /// (paused, killed, or busy).
-    pub async fn leadership(&self) -> Option<Leadership> {
-        let answer = try_send_within(
-            Method::GET,
-            &self.api_url("/v1/leader"),
-            &[],
-            "",
-            QUERY_TIMEOUT,
-        )
-        .await
-        .ok()?;
-        if answer.status != StatusCode::OK {
-            return None;
-        }
-        serde_json::from_slice(&answer.body).ok()
+    pub async fn leadership(&self) -> Option<LeaderView> {
+        self.api.leader().await.ok()
     }
 }

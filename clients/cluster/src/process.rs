@@ -3,11 +3,12 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, PoisonError, mpsc};
+use std::sync::{Mutex, PoisonError, RwLock, mpsc};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use palisade_protocol::process::{FAILPOINT_STOP_ENV, FailpointStop};
 
 use crate::{ClusterError, Result};
 
@@ -16,42 +17,58 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// Log lines shown when a child fails.
 const LOG_TAIL_LINES: usize = 40;
 
-/// The `palisade` binary: `PALISADE_BIN` if set; this process itself if it is `palisade`
-/// (the demo); else `target/<profile>/palisade` beside a test executable in
-/// `target/<profile>/deps/`, because integration tests of another package cannot use
-/// `CARGO_BIN_EXE_palisade`.
+/// The environment variable naming the `palisade` binary to run.
+pub const PALISADE_BIN_ENV: &str = "PALISADE_BIN";
+
+/// The binary set by [`set_palisade_bin`], which wins over everything else.
+static EXPLICIT_BIN: RwLock<Option<PathBuf>> = RwLock::new(None);
+
+/// Runs `path` as the `palisade` binary from now on, in this whole process. Tests of the
+/// binary's own package pass `env!("CARGO_BIN_EXE_palisade")`: cargo builds that binary
+/// for them with the tests' features, so it is never stale and has the failpoints the
+/// tests need.
+pub fn set_palisade_bin(path: impl Into<PathBuf>) {
+    *EXPLICIT_BIN.write().unwrap_or_else(PoisonError::into_inner) = Some(path.into());
+}
+
+/// The `palisade` binary to run: the path given to [`set_palisade_bin`]; else
+/// [`PALISADE_BIN_ENV`] if set; else this process itself if it is `palisade` (the demo,
+/// `palisade bench failover`). Nothing is guessed beyond that: a binary found next to a
+/// test executable may be stale or built without the features the tests need.
 pub fn palisade_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("PALISADE_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().map_err(|source| ClusterError::Io {
-        what: "find the current executable".to_owned(),
-        source,
-    })?;
-    if exe.file_name().is_some_and(|n| n == "palisade") {
-        return Ok(exe);
-    }
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|profile| profile.join("palisade"))
-        .unwrap_or_default();
-    if bin.is_file() {
-        Ok(bin)
+    let explicit = EXPLICIT_BIN
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let named = explicit.or_else(|| std::env::var_os(PALISADE_BIN_ENV).map(PathBuf::from));
+    let chosen = if let Some(path) = named {
+        path
     } else {
-        Err(ClusterError::MissingBinary(bin))
+        let exe = std::env::current_exe().map_err(|source| ClusterError::Io {
+            what: "find the current executable".to_owned(),
+            source,
+        })?;
+        if exe.file_name().is_none_or(|n| n != "palisade") {
+            return Err(ClusterError::NoBinary);
+        }
+        exe
+    };
+    if chosen.is_file() {
+        Ok(chosen)
+    } else {
+        Err(ClusterError::MissingBinary(chosen))
     }
 }
 
 /// Checks that the `palisade` binary has the failpoints compiled in (the `failpoints`
 /// feature, which `cargo test --workspace` turns on): such a binary refuses an unknown
-/// name in `PALISADE_FAILPOINT_STOP` with exit 2 before doing anything, while one without
+/// name in [`FAILPOINT_STOP_ENV`] with exit 2 before doing anything, while one without
 /// ignores the variable. Probed with `palisade fence` against a closed port.
 pub fn require_failpoints() -> Result<()> {
     let bin = palisade_bin()?;
     let out = Command::new(&bin)
         .args(["fence", "--admin", "http://127.0.0.1:1"])
-        .env("PALISADE_FAILPOINT_STOP", "no-such-failpoint")
+        .env(FAILPOINT_STOP_ENV, "no-such-failpoint")
         .stdin(Stdio::null())
         .output()
         .map_err(|source| ClusterError::Spawn {
@@ -237,6 +254,20 @@ pub fn spawn_launch(
     marker: &str,
     name: &str,
 ) -> Result<(ChildGuard, String, mpsc::Receiver<String>)> {
+    let marker = marker.to_owned();
+    spawn_until(launch, log, move |line| line.contains(&marker), name)
+}
+
+/// Spawns `palisade` as `launch` says, with stderr to `log`, and waits for the first
+/// stdout line for which `ready` holds (a line the protocol's `ProxyReady::parse` or
+/// `NodeReady::parse` reads, say). Returns the guard, that line, and a receiver of every
+/// later stdout line.
+pub fn spawn_until(
+    launch: &Launch,
+    log: &Path,
+    ready: impl Fn(&str) -> bool + Send + 'static,
+    name: &str,
+) -> Result<(ChildGuard, String, mpsc::Receiver<String>)> {
     let bin = palisade_bin()?;
     let io_err = |what: &str, source| ClusterError::Io {
         what: format!("{what} for {name}"),
@@ -269,16 +300,15 @@ pub fn spawn_launch(
     let guard = ChildGuard::new(child, name, log.to_owned());
     let (ready_tx, ready_rx) = mpsc::channel();
     let (lines_tx, lines_rx) = mpsc::channel();
-    let marker_owned = marker.to_owned();
     if let Some(stdout) = stdout {
         std::thread::spawn(move || {
-            let mut ready = Some(ready_tx);
+            let mut ready_tx = Some(ready_tx);
             for line in BufReader::new(stdout)
                 .lines()
                 .map_while(std::result::Result::ok)
             {
-                if ready.is_some() && line.contains(&marker_owned) {
-                    if let Some(tx) = ready.take() {
+                if ready_tx.is_some() && ready(&line) {
+                    if let Some(tx) = ready_tx.take() {
                         let _ = tx.send(line);
                     }
                 } else if lines_tx.send(line).is_err() {
@@ -339,6 +369,15 @@ impl Lines {
                 Err(mpsc::TryRecvError::Disconnected | mpsc::TryRecvError::Empty) => return out,
             }
         }
+    }
+
+    /// Waits (asynchronously, polling) for the line the process prints when it stops at a
+    /// failpoint ([`FailpointStop`]), skipping others; `None` after `timeout`.
+    pub async fn wait_for_failpoint(&self, timeout: Duration) -> Option<FailpointStop> {
+        crate::wait::poll(timeout, || async {
+            std::iter::from_fn(|| self.try_next()).find_map(|l| FailpointStop::parse(&l))
+        })
+        .await
     }
 
     /// Waits (asynchronously, polling) for a line containing `marker`, skipping others;

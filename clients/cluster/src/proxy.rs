@@ -4,12 +4,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::process::{ChildGuard, Launch, Lines, spawn_launch};
+use std::time::Duration;
+
+use palisade_client::ProxyAdmin;
+use palisade_protocol::process::ProxyReady;
+
+use crate::process::{ChildGuard, Launch, Lines, spawn_until};
 use crate::{ClusterError, Result};
 
-/// What the proxy prints on stdout once it listens:
-/// `palisade proxy listening on ADDR (admin ADDR)`.
-pub const READY_LINE: &str = "palisade proxy listening on";
+/// Timeout of one admin query: short, so a paused proxy reads as "no answer".
+pub const ADMIN_QUERY_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Attempts to start a restarted proxy on its old ports: right after a `kill -9` the
 /// kernel may still hold a port for a moment.
@@ -31,6 +35,8 @@ pub struct ProxyProcess {
     launch: Launch,
     /// Its stdout after the ready line (failpoint lines, for instance).
     lines: Lines,
+    /// A client of its admin API; restarts keep the ports, so it stays valid.
+    admin_client: ProxyAdmin,
 }
 
 impl ProxyProcess {
@@ -70,6 +76,7 @@ impl ProxyProcess {
             prefix: Vec::new(),
         };
         let (guard, addr, admin, lines) = Self::spawn(dir, &launch)?;
+        let admin_client = admin_client(admin)?;
         Ok(Self {
             guard,
             addr,
@@ -78,6 +85,7 @@ impl ProxyProcess {
             dir: dir.to_owned(),
             launch,
             lines,
+            admin_client,
         })
     }
 
@@ -85,13 +93,14 @@ impl ProxyProcess {
         static STARTS: AtomicUsize = AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, Ordering::Relaxed);
         let log = dir.join(format!("proxy-{n}.log"));
-        let (guard, line, lines) = spawn_launch(launch, &log, READY_LINE, "proxy")?;
-        let (addr, admin) = parse_ready_line(&line).ok_or_else(|| ClusterError::NotReady {
+        let ready = |line: &str| ProxyReady::parse(line).is_some();
+        let (guard, line, lines) = spawn_until(launch, &log, ready, "proxy")?;
+        let ready = ProxyReady::parse(&line).ok_or_else(|| ClusterError::NotReady {
             what: format!("proxy (unreadable ready line {line:?})"),
             timeout_ms: 0,
             log_tail: guard.log_tail(),
         })?;
-        Ok((guard, addr, admin, Lines::new(lines)))
+        Ok((guard, ready.listen, ready.admin, Lines::new(lines)))
     }
 
     /// `kill -9`s the proxy (if running) and starts it again on the same data directory
@@ -123,6 +132,9 @@ impl ProxyProcess {
                 Err(e) => return Err(e),
             }
         };
+        if admin != self.admin {
+            self.admin_client = admin_client(admin)?;
+        }
         self.guard = guard;
         self.addr = addr;
         self.admin = admin;
@@ -150,26 +162,27 @@ impl ProxyProcess {
     pub fn admin_url(&self, path: &str) -> String {
         format!("http://{}{path}", self.admin)
     }
-}
 
-/// `palisade proxy listening on 127.0.0.1:P (admin 127.0.0.1:Q)` -> the two addresses.
-fn parse_ready_line(line: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let rest = line.split(READY_LINE).nth(1)?;
-    let mut words = rest.split_whitespace();
-    let addr = words.next()?.parse().ok()?;
-    let admin = words.nth(1)?.trim_end_matches(')').parse().ok()?;
-    Some((addr, admin))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ready_line_is_parsed() {
-        let (a, b) =
-            super::parse_ready_line("palisade proxy listening on 127.0.0.1:5 (admin 127.0.0.1:6)")
-                .unwrap_or_else(|| panic!("parse"));
-        assert_eq!(a.port(), 5);
-        assert_eq!(b.port(), 6);
-        assert!(super::parse_ready_line("something else").is_none());
+    /// A client of the admin API (fences, advance, health), each call limited to
+    /// [`ADMIN_QUERY_TIMEOUT`].
+    pub fn admin_client(&self) -> &ProxyAdmin {
+        &self.admin_client
     }
+
+    /// The proxy's fence for `scope` (0 when never seen), or `None` if it does not
+    /// answer within [`ADMIN_QUERY_TIMEOUT`].
+    pub async fn fence(&self, scope: &str) -> Option<u64> {
+        self.admin_client.fence(scope).await.ok().map(|f| f.token)
+    }
+}
+
+/// A client of the admin API at `admin`, each call limited to [`ADMIN_QUERY_TIMEOUT`].
+fn admin_client(admin: SocketAddr) -> Result<ProxyAdmin> {
+    let url = format!("http://{admin}");
+    ProxyAdmin::new(&url)
+        .map(|client| client.timeout(ADMIN_QUERY_TIMEOUT))
+        .map_err(|source| ClusterError::Client {
+            what: format!("a client of the proxy's admin API at {url}"),
+            source,
+        })
 }

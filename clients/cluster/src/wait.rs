@@ -22,15 +22,3 @@ where
         tokio::time::sleep(POLL).await;
     }
 }
-
-/// Like [`poll`], but panics naming `what` on timeout: for tests.
-pub async fn until<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    match poll(timeout, check).await {
-        Some(v) => v,
-        None => panic!("timed out after {timeout:?} waiting for {what}"),
-    }
-}

@@ -6,28 +6,25 @@
 //! with its name and sequence number in the headers `X-Writer` and `X-Seq` so a recording
 //! upstream can name each applied write. It prints one JSON [`Event`] per line on stdout.
 //! Started with `PALISADE_FAILPOINT_STOP=client-before-send` (a build with failpoints), it
-//! stops itself before every send, after printing a [`FAILPOINT_LINE`]; a test continues it
+//! stops itself before every send, after printing a
+//! [`FailpointStop`](palisade_protocol::process::FailpointStop) line; a test continues it
 //! with `SIGCONT` when it chooses.
 
 use std::path::Path;
 
+use palisade_protocol::process::{FailpointStop, WORKER_READY_LINE};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
 use crate::history::{Outcome, Recorder};
 use crate::process::{ChildGuard, Launch, Lines, spawn_launch};
 
-/// The line a worker prints once it is running.
-pub const READY_LINE: &str = "palisade demo-worker ready";
 /// Ledger keys start with this.
 pub const LEDGER_PREFIX: &str = "ledger/";
 /// The request header naming the writer.
 pub const WRITER_HEADER: &str = "x-writer";
 /// The request header with the writer's sequence number.
 pub const SEQ_HEADER: &str = "x-seq";
-/// The start of the line a process prints when it stops at a failpoint
-/// (`PALISADE_FAILPOINT_STOP`): `palisade failpoint NAME reached (pid PID)`.
-pub const FAILPOINT_LINE: &str = "palisade failpoint";
 /// Longest wait for a killed worker's last stdout lines.
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The scope workers write in (they send no `Fencing-Scope`).
@@ -140,9 +137,8 @@ pub enum WorkerLine {
 impl WorkerLine {
     /// Parses a line.
     pub fn parse(line: &str) -> Self {
-        if let Some(rest) = line.strip_prefix(FAILPOINT_LINE) {
-            let name = rest.split_whitespace().next().unwrap_or_default();
-            return WorkerLine::Stopped(name.to_owned());
+        if let Some(stop) = FailpointStop::parse(line) {
+            return WorkerLine::Stopped(stop.name);
         }
         match serde_json::from_str(line) {
             Ok(event) => WorkerLine::Event(event),
@@ -202,8 +198,12 @@ impl WorkerProcess {
             prefix: Vec::new(),
         };
         let log = dir.join(format!("worker-{}.log", spec.name));
-        let (guard, _, lines) =
-            spawn_launch(&launch, &log, READY_LINE, &format!("worker {}", spec.name))?;
+        let (guard, _, lines) = spawn_launch(
+            &launch,
+            &log,
+            WORKER_READY_LINE,
+            &format!("worker {}", spec.name),
+        )?;
         Ok(Self {
             guard,
             name: spec.name.clone(),
@@ -236,6 +236,8 @@ impl WorkerProcess {
 mod tests {
     use super::*;
 
+    /// Goal: a worker's stdout lines are read as events, failpoint stops, or other.
+    /// Method: parse one line of each kind.
     #[test]
     fn lines_parse_into_events_and_stops() {
         assert_eq!(
@@ -253,6 +255,8 @@ mod tests {
         assert!(matches!(WorkerLine::parse("hello"), WorkerLine::Other(_)));
     }
 
+    /// Goal: a `holding` event invokes a write and an outcome completes it.
+    /// Method: record two events and read the operation back.
     #[test]
     fn events_record_invocations_and_outcomes() {
         let mut r = Recorder::default();

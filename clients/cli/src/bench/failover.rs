@@ -14,7 +14,8 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use palisade_cluster::{Cluster, ClusterSpec, Leadership};
+use palisade_client::NodeApi;
+use palisade_cluster::{Cluster, ClusterSpec, LeaderView, Role};
 use serde::Serialize;
 
 use crate::Failure;
@@ -236,7 +237,7 @@ async fn trials(args: &FailoverArgs, dir: &std::path::Path) -> Result<Report, Fa
 
 /// Waits until every node answers and agrees on one established, announced leader whose
 /// token the proxy holds; returns that leader.
-async fn settled_leader(cluster: &Cluster) -> Option<Leadership> {
+async fn settled_leader(cluster: &Cluster) -> Option<LeaderView> {
     palisade_cluster::wait::poll(TRIAL_TIMEOUT, || async {
         let all = cluster.leaderships().await;
         if all.len() != cluster.nodes.len() {
@@ -245,7 +246,7 @@ async fn settled_leader(cluster: &Cluster) -> Option<Leadership> {
         let leader = all.values().find(|l| l.token.is_some() && l.announced)?;
         let agreed = all
             .values()
-            .all(|l| l.leader_id == leader.node_id && l.term == leader.term);
+            .all(|l| l.leader_id == Some(leader.node_id) && l.term == leader.term);
         let fence = cluster.proxy_fence(&leader.scope).await?;
         (agreed && Some(fence) == leader.token).then(|| leader.clone())
     })
@@ -255,7 +256,7 @@ async fn settled_leader(cluster: &Cluster) -> Option<Leadership> {
 /// Pauses `leader`'s node, times the failover, and resumes it.
 async fn one_trial(
     cluster: &Cluster,
-    leader: &Leadership,
+    leader: &LeaderView,
     poll: Duration,
 ) -> palisade_cluster::Result<Trial> {
     let old_term = leader.term;
@@ -268,11 +269,11 @@ async fn one_trial(
     let Some(paused) = cluster.node(leader.node_id) else {
         return Ok(trial);
     };
-    let others: Vec<String> = cluster
+    let others: Vec<NodeApi> = cluster
         .nodes
         .iter()
         .filter(|n| n.id() != leader.node_id)
-        .map(|n| n.api_url("/v1/leader"))
+        .map(|n| n.api().clone().timeout(QUERY_TIMEOUT))
         .collect();
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
 
@@ -285,7 +286,7 @@ async fn one_trial(
             tokio::join!(leaderships(&others), cluster.proxy_fence(&leader.scope),);
         let now_ms = ms(t0);
         for view in views.into_iter().flatten() {
-            if view.term > old_term && view.role == "leader" {
+            if view.term > old_term && view.role == Role::Leader {
                 trial.elected_ms.get_or_insert(now_ms);
                 trial.new_term.get_or_insert(view.term);
                 if view.token.is_some() {
@@ -307,23 +308,12 @@ async fn one_trial(
     Ok(trial)
 }
 
-/// Every URL's leadership (`None` for a node that does not answer), queried at once.
-async fn leaderships(urls: &[String]) -> Vec<Option<Leadership>> {
+/// Every node's leadership (`None` for a node that does not answer), queried at once.
+async fn leaderships(apis: &[NodeApi]) -> Vec<Option<LeaderView>> {
     let mut set = tokio::task::JoinSet::new();
-    for url in urls {
-        let url = url.clone();
-        set.spawn(async move {
-            let answer = palisade_cluster::client::try_send_within(
-                http::Method::GET,
-                &url,
-                &[],
-                "",
-                QUERY_TIMEOUT,
-            )
-            .await
-            .ok()?;
-            serde_json::from_slice::<Leadership>(&answer.body).ok()
-        });
+    for api in apis {
+        let api = api.clone();
+        set.spawn(async move { api.leader().await.ok() });
     }
     set.join_all().await
 }

@@ -16,7 +16,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use palisade_cluster::{ChildGuard, Cluster, ClusterSpec, Leadership, spawn_until_line, wait};
+use palisade_cluster::{ChildGuard, Cluster, ClusterSpec, LeaderView, spawn_until_line, wait};
+use palisade_protocol::process::WORKER_READY_LINE;
 use serde::Deserialize;
 
 use crate::Failure;
@@ -194,7 +195,13 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     if let Some(l) = demo.wait_for_follower(leader, new_token).await {
         demo.say(
             &format!("node {leader}"),
-            &format!("now {} in term {}, leader {}", l.role, l.term, l.leader_id),
+            &format!(
+                "now {} in term {}, leader {}",
+                l.role,
+                l.term,
+                l.leader_id
+                    .map_or_else(|| "unknown".to_owned(), |id| id.to_string())
+            ),
         );
     }
     demo.pump_for(COOLDOWN).await;
@@ -262,7 +269,7 @@ impl Demo {
             ];
             let log = dir.join(format!("worker-{id}.log"));
             let (guard, _, lines) =
-                spawn_until_line(&args, &log, worker::READY_LINE, &format!("worker {id}"))
+                spawn_until_line(&args, &log, WORKER_READY_LINE, &format!("worker {id}"))
                     .map_err(|e| Failure::Runtime(e.to_string()))?;
             self.workers.insert(
                 id,
@@ -364,7 +371,7 @@ impl Demo {
         &mut self,
         above: u64,
         except: Option<u64>,
-    ) -> Result<Leadership, Failure> {
+    ) -> Result<LeaderView, Failure> {
         let deadline = Instant::now() + STEP_TIMEOUT;
         loop {
             self.pump();
@@ -418,7 +425,7 @@ impl Demo {
         }
     }
 
-    async fn wait_for_follower(&mut self, id: u64, term: u64) -> Option<Leadership> {
+    async fn wait_for_follower(&mut self, id: u64, term: u64) -> Option<LeaderView> {
         let node = self.cluster.node(id)?;
         wait::poll(STEP_TIMEOUT, || async {
             node.leadership()

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use clap::Args;
 use palisade_client::{ClientError, FencedClient, FencedRequest, NodeApiSource, TokenSource};
-pub(crate) use palisade_cluster::worker::{
-    Event, LEDGER_PREFIX, READY_LINE, SEQ_HEADER, WRITER_HEADER,
-};
+pub(crate) use palisade_cluster::worker::{Event, LEDGER_PREFIX, SEQ_HEADER, WRITER_HEADER};
+use palisade_protocol::process::WORKER_READY_LINE;
 
 use crate::Failure;
 
@@ -48,7 +47,7 @@ fn emit(event: &Event) {
 pub(crate) async fn run(args: WorkerArgs) -> Result<(), Failure> {
     let source =
         Arc::new(NodeApiSource::start(&args.node).map_err(|e| Failure::Usage(e.to_string()))?);
-    println!("{READY_LINE}");
+    println!("{WORKER_READY_LINE}");
     emit(&Event::Ready);
     let mut seq = 0_u64;
     loop {
