@@ -1,20 +1,19 @@
 //! Fencing on election: once this node holds a token, raise every `--announce` proxy's
-//! fence for the scope to it (`POST <url>/v1/fences/<scope>` with `{"token":N}`), so a
-//! deposed leader's writes are refused at once rather than when its own token arrives.
+//! fence for the scope to it (`POST <url>/v1/fences/<scope>`, through
+//! [`palisade_client::ProxyAdmin::advance`]), so a deposed leader's writes are refused at
+//! once rather than when its own token arrives.
 //!
-//! Attempts are retried with capped exponential backoff while the node holds the same
-//! token, and abandoned the moment it does not. A 409 means the proxy already holds a
-//! higher fence (a newer leader exists, or someone raised it by hand): that proxy is not
-//! retried, and the token stays not announced. When every proxy answered 200 the loop is
-//! told, and `Leadership::announced` becomes true.
+//! Attempts are retried with the client's backoff policy ([`palisade_client::backoff`])
+//! while the node holds the same token, and abandoned the moment it does not. A 409 means
+//! the proxy already holds a higher fence (a newer leader exists, or someone raised it by
+//! hand): that proxy is not retried, and the token stays not announced; so does any other
+//! answer that asking again cannot change (another 4xx, an answer that is not an advance
+//! response). When every proxy accepted the token the loop is told, and
+//! `Leadership::announced` becomes true.
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use palisade_client::{ClientError, ProxyAdmin, StatusCode, backoff};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -28,12 +27,8 @@ use crate::node::Commands;
 pub const ANNOUNCE_TIMEOUT_MS: u64 = 2_000;
 /// First delay before retrying a failed announcement.
 pub const ANNOUNCE_BACKOFF_MIN_MS: u64 = 50;
-/// Cap of the retry delay.
+/// Cap of the retry delay (before jitter: see [`palisade_client::backoff::exponential`]).
 pub const ANNOUNCE_BACKOFF_MAX_MS: u64 = 2_000;
-/// Bytes of a proxy's answer read for the log.
-const ANSWER_BYTES_MAX: usize = 4 * 1024;
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// What the announcer needs.
 pub(crate) struct Announcer {
@@ -47,7 +42,19 @@ pub(crate) struct Announcer {
 
 /// The announcer task: waits for a token, announces it, repeats for the next one.
 pub(crate) async fn run(a: Announcer) {
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let timeout = Duration::from_millis(ANNOUNCE_TIMEOUT_MS);
+    // The URLs were validated with the node's configuration; one that the client still
+    // refuses is logged once and leaves every token not announced.
+    let mut admins = Vec::with_capacity(a.urls.len());
+    for url in &a.urls {
+        match ProxyAdmin::new(url) {
+            Ok(admin) => admins.push(admin.timeout(timeout)),
+            Err(err) => {
+                warn!(url = %url, cause = %err, "cannot announce to this proxy; tokens stay not announced");
+                return;
+            }
+        }
+    }
     let mut rx = a.leadership.clone();
     loop {
         // Each branch future yields a plain value: a watch guard must not live across an await.
@@ -65,7 +72,7 @@ pub(crate) async fn run(a: Announcer) {
                 info!(token, "token withdrawn before every proxy accepted it");
                 continue;
             }
-            all = announce_all(&client, &a, token) => all,
+            all = announce_all(&admins, &a, token) => all,
         };
         if accepted {
             a.commands.announced(token).await;
@@ -82,11 +89,13 @@ pub(crate) async fn run(a: Announcer) {
 }
 
 /// Announces `token` to every proxy at once. True when all accepted it.
-async fn announce_all(client: &HttpClient, a: &Announcer, token: u64) -> bool {
+async fn announce_all(admins: &[ProxyAdmin], a: &Announcer, token: u64) -> bool {
     let mut set = JoinSet::new();
-    for url in &a.urls {
-        let target = format!("{}/v1/fences/{}", url.trim_end_matches('/'), a.scope);
-        set.spawn(announce_one(client.clone(), target, token, a.metrics.clone()).in_current_span());
+    for admin in admins {
+        set.spawn(
+            announce_one(admin.clone(), a.scope.clone(), token, a.metrics.clone())
+                .in_current_span(),
+        );
     }
     let mut all = true;
     while let Some(joined) = set.join_next().await {
@@ -95,68 +104,51 @@ async fn announce_all(client: &HttpClient, a: &Announcer, token: u64) -> bool {
     all
 }
 
-/// Announces `token` at `target` until it is accepted (true) or refused (false).
-async fn announce_one(
-    client: HttpClient,
-    target: String,
-    token: u64,
-    metrics: NodeMetrics,
-) -> bool {
-    let body = Bytes::from(format!("{{\"token\":{token}}}"));
-    let mut backoff_ms = ANNOUNCE_BACKOFF_MIN_MS;
+/// Announces `token` to one proxy until it is accepted (true) or refused (false).
+async fn announce_one(admin: ProxyAdmin, scope: String, token: u64, metrics: NodeMetrics) -> bool {
+    let mut delays = backoff::delays(
+        Duration::from_millis(ANNOUNCE_BACKOFF_MIN_MS),
+        Duration::from_millis(ANNOUNCE_BACKOFF_MAX_MS),
+    );
     loop {
-        let request = http::Request::post(target.as_str())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(body.clone()));
-        let request = match request {
-            Ok(r) => r,
-            Err(err) => {
-                warn!(url = %target, cause = %err, "cannot build the announcement request");
+        let err = match admin.advance(&scope, token).await {
+            Ok(answer) => {
+                info!(url = %admin.url(), token, advanced = answer.advanced, "proxy accepted the token");
+                return true;
+            }
+            Err(err) => err,
+        };
+        metrics.announce_failures.increment(1);
+        match &err {
+            ClientError::Fenced { current, .. } => {
+                warn!(
+                    url = %admin.url(), token, current, cause = %err,
+                    "proxy holds a higher fence than this token; not announced"
+                );
                 return false;
             }
-        };
-        let sent = tokio::time::timeout(
-            Duration::from_millis(ANNOUNCE_TIMEOUT_MS),
-            client.request(request),
-        )
-        .await;
-        let retry_cause = match sent {
-            Ok(Ok(response)) => {
-                let status = response.status();
-                let answer = Limited::new(response.into_body(), ANSWER_BYTES_MAX)
-                    .collect()
-                    .await
-                    .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-                    .unwrap_or_default();
-                if status == http::StatusCode::OK {
-                    info!(url = %target, token, "proxy accepted the token");
-                    return true;
-                }
-                metrics.announce_failures.increment(1);
-                if status == http::StatusCode::CONFLICT {
-                    warn!(
-                        url = %target, token, answer = %answer,
-                        "proxy holds a higher fence than this token; not announced"
-                    );
-                    return false;
-                }
-                if status.is_client_error() {
-                    warn!(url = %target, token, %status, answer = %answer, "proxy refused the token");
-                    return false;
-                }
-                format!("status {status}")
+            // Asking again cannot change these answers: the proxy refused the request
+            // (a 4xx), or its answer is not an advance response.
+            ClientError::Status { status, .. } if status.is_client_error() => {
+                let higher = *status == StatusCode::CONFLICT;
+                warn!(url = %admin.url(), token, %status, higher_fence = higher, cause = %err,
+                    "proxy refused the token; not announced");
+                return false;
             }
-            Ok(Err(err)) => {
-                metrics.announce_failures.increment(1);
-                err.to_string()
+            ClientError::InvalidUrl { .. }
+            | ClientError::InvalidRequest(_)
+            | ClientError::InvalidResponse(_)
+            | ClientError::Tls { .. } => {
+                warn!(url = %admin.url(), token, cause = %err, "cannot announce to this proxy; not announced");
+                return false;
             }
-            Err(_) => {
-                metrics.announce_failures.increment(1);
-                format!("no answer within {ANNOUNCE_TIMEOUT_MS} ms")
-            }
-        };
-        warn!(url = %target, token, cause = %retry_cause, retry_in_ms = backoff_ms, "announcement failed");
-        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-        backoff_ms = (backoff_ms * 2).min(ANNOUNCE_BACKOFF_MAX_MS);
+            // No answer, a 5xx, a broken connection: the proxy may be restarting.
+            _ => {}
+        }
+        let delay = delays
+            .next()
+            .unwrap_or(Duration::from_millis(ANNOUNCE_BACKOFF_MAX_MS));
+        warn!(url = %admin.url(), token, cause = %err, retry_in_ms = delay.as_millis() as u64, "announcement failed");
+        tokio::time::sleep(delay).await;
     }
 }

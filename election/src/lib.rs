@@ -36,7 +36,10 @@
 //! - `transport`: the peer protocol (length-prefixed prost frames carrying protobuf raft
 //!   messages), inbound checks, the TCP transport, its test faults (drop or delay per peer,
 //!   off unless enabled), and the in-memory test network.
-//! - `announce`: fencing the configured proxies when this node becomes established.
+//! - `announce`: fencing the configured proxies when this node becomes established, with
+//!   `palisade_client`'s admin client and backoff policy.
+//! - `token_source`: [`NodeHandleSource`], a `palisade_client::TokenSource` over an
+//!   in-process node's leadership watch.
 //! - `api`: the HTTP API on axum (`/v1/leader` with long poll, `/v1/transfer`,
 //!   `/v1/resign`, `/metrics`, `/healthz`, and the test-fault route when enabled).
 //! - `metrics`: the node's own Prometheus recorder and metric handles.
@@ -48,6 +51,7 @@ mod config;
 mod leadership;
 mod metrics;
 mod node;
+mod token_source;
 pub mod transport;
 
 pub use announce::{ANNOUNCE_BACKOFF_MAX_MS, ANNOUNCE_BACKOFF_MIN_MS, ANNOUNCE_TIMEOUT_MS};
@@ -69,6 +73,7 @@ pub use palisade_protocol::{
     FaultSpec, Health, LeaderView, LongPoll, Problem, Role, SCOPE_BYTES_MAX, Scope,
     TransferRequest, Transferred,
 };
+pub use token_source::NodeHandleSource;
 pub use transport::faults::FAULT_DELAY_MS_MAX;
 pub use transport::mem::MemNetwork;
 pub use transport::{FRAME_BYTES_MAX, PEER_QUEUE_MAX};

@@ -5,10 +5,37 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use palisade_election::{Leadership, MemNetwork, Node, NodeConfig};
+use palisade_election::{Leadership, MemNetwork, Node, NodeConfig, Problem, Scope};
+use palisade_protocol::headers::{JSON, PROBLEM_JSON};
+use palisade_protocol::{AdvanceRequest, AdvanceResponse};
 use redb::backends::InMemoryBackend;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
+
+/// The proxy's answer to an advance to `token`: the advance response on 200, a
+/// stale-token problem (the fence one above `token`) otherwise.
+fn answer(status: u16, token: u64) -> String {
+    let (content_type, body) = if status == 200 {
+        let advanced = AdvanceResponse {
+            scope: Scope::new("orders").unwrap(),
+            token,
+            advanced: true,
+        };
+        (JSON, serde_json::to_string(&advanced).unwrap())
+    } else {
+        let problem = Problem::new(
+            http::StatusCode::from_u16(status).unwrap(),
+            "stale-token",
+            "the fence is higher",
+        )
+        .with_fence("orders", token, token + 1);
+        (PROBLEM_JSON, serde_json::to_string(&problem).unwrap())
+    };
+    format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
 
 /// A fake proxy admin API that answers every request with `status` and records the
 /// request line and body.
@@ -41,15 +68,8 @@ async fn fake_proxy(status: u16) -> (String, Arc<Mutex<Vec<String>>>) {
                     .unwrap_or_default()
                     .to_owned();
                 record.lock().unwrap().push(format!("{line} {body}"));
-                let answer = if status == 200 {
-                    "{\"advanced\":true}"
-                } else {
-                    "{}"
-                };
-                let reply = format!(
-                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                    answer.len()
-                );
+                let request: AdvanceRequest = serde_json::from_str(&body).unwrap();
+                let reply = answer(status, request.token);
                 let _ = s.write_all(reply.as_bytes()).await;
             });
         }
@@ -149,11 +169,21 @@ async fn unreachable_proxy_is_retried_until_it_accepts() {
     let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf).await;
-            let _ = s
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
-                .await;
+            let mut buf = vec![0u8; 4096];
+            let mut got = 0;
+            // Read until the JSON body's closing brace; requests here are tiny.
+            while !buf[..got].contains(&b'}') {
+                match s.read(&mut buf[got..]).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+            let text = String::from_utf8_lossy(&buf[..got]).into_owned();
+            let body = text.rsplit("\r\n\r\n").next().unwrap_or_default();
+            let Ok(request) = serde_json::from_str::<AdvanceRequest>(body) else {
+                continue;
+            };
+            let _ = s.write_all(answer(200, request.token).as_bytes()).await;
         }
     });
     wait_for(&node, "announced after the proxy came up", |l| l.announced).await;
