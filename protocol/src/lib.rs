@@ -19,6 +19,7 @@
 //! - `problem`: [`Problem`], the RFC 9457 error body every API answers with.
 //! - `admin`: the proxy's admin API: paths and bodies.
 //! - `node`: the node API: paths, [`LeaderView`], [`Role`], transfers, test faults.
+//! - `store`: the embedded object store's answers: [`StoredObject`], [`KeyList`].
 //! - `process`: ready lines, failpoint lines, environment variable names, log event names.
 //! - `server` (feature `server`): the control-plane stack on axum: problem+json errors,
 //!   extractors, and the accept loop the admin API and the node API share.
@@ -32,10 +33,12 @@ pub mod process;
 pub mod scope;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod store;
 pub mod token;
 
 pub use admin::{AdvanceRequest, AdvanceResponse, FenceList, FenceView};
 pub use node::{FaultSpec, Health, LeaderView, LongPoll, Role, TransferRequest, Transferred};
 pub use problem::Problem;
 pub use scope::{DEFAULT_SCOPE, SCOPE_BYTES_MAX, Scope, ScopeError};
+pub use store::{KeyList, StoredObject};
 pub use token::{TokenError, parse_token, parse_token_header};

@@ -1,119 +1,260 @@
-//! The admin API: read and advance fences, Prometheus metrics, health.
+//! The admin API, on axum: read and advance fences, Prometheus metrics, health.
 //!
-//! - `GET /v1/fences` -> `{"fences":[{"scope":"default","token":5}, ...]}`
-//! - `GET /v1/fences/{scope}` -> `{"scope":"default","token":5}` (0 when never seen)
-//! - `POST /v1/fences/{scope}` with `{"token":N}` -> advances without a write; 409 if N
-//!   is below the fence. It answers 200 only once no lower-token write of the scope is
-//!   still in flight (503 if they do not finish within the barrier timeout; the fence is
-//!   raised either way), so a new leader that has announced knows its predecessor is done.
-//! - `GET /metrics`, `GET /healthz`.
+//! - `GET /v1/fences` -> [`FenceList`]
+//! - `GET /v1/fences/{scope}` -> [`FenceView`] (token 0 when never seen)
+//! - `POST /v1/fences/{scope}` with [`AdvanceRequest`] -> [`AdvanceResponse`]: advances
+//!   the fence without a write, through the same admission as a write. It answers 200
+//!   only once no lower-token write of the scope is still in flight (503 if they do not
+//!   finish within the barrier timeout; the fence is raised either way), so a new leader
+//!   that has announced knows its predecessor is done. A token below the fence is 409.
+//! - `GET /metrics` (Prometheus text), `GET /healthz` -> [`Health`].
+//!
+//! Every error is problem+json: a fencing error is rendered by
+//! [`ProxyError::to_problem`], as on the data path; unknown paths (404), wrong methods
+//! (405) and bad or oversized bodies come from the protocol's control-plane stack.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
-use serde::Deserialize;
-use serde_json::json;
+use axum::Router;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use http::{HeaderValue, header};
+use palisade_protocol::admin::{FENCES_PATH, HEALTHZ_PATH, METRICS_PATH};
+use palisade_protocol::headers::PROMETHEUS_TEXT;
+use palisade_protocol::server::{ApiJson, ControlLimits, finish};
+use palisade_protocol::{
+    AdvanceRequest, AdvanceResponse, FenceList, FenceView, Health, Problem, Scope,
+};
 
-use crate::body::{ProxyBody, full, ok_json};
-use crate::config::validate_scope;
-use crate::error::{ProxyError, problem_response};
+use crate::error::ProxyError;
 use crate::fencing::Fencer;
 
-/// Largest admin request body: `{"token":18446744073709551615}` with room to spare.
-const ADMIN_BODY_BYTES_MAX: usize = 4096;
+/// Largest admin request body: `{"token":18446744073709551615}` is 30 bytes; the rest
+/// is room for whitespace, and nothing larger is ever a valid request.
+pub(crate) const ADMIN_BODY_BYTES_MAX: usize = 4096;
+/// Admin connections open at once: operators and election nodes, never many.
+pub(crate) const ADMIN_CONNECTIONS_MAX: usize = 64;
+/// Time an admin client has to send a request head. Its callers are local tools and
+/// election nodes that send a whole small request at once, so a slow head is a stuck or
+/// hostile client, not a slow network.
+pub(crate) const ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AdvanceBody {
-    token: u64,
-}
-
-/// Serves one admin request.
-pub(crate) async fn handle(
-    fencer: Arc<Fencer>,
-    request: Request<Incoming>,
-) -> Result<Response<ProxyBody>, std::convert::Infallible> {
-    let path = request.uri().path().to_owned();
-    let method = request.method().clone();
-    let result = match (&method, path.as_str()) {
-        (&Method::GET, "/healthz") => Ok(text(StatusCode::OK, "ok\n")),
-        (&Method::GET, "/metrics") => {
-            Ok(text(StatusCode::OK, crate::metrics::prometheus().render()))
-        }
-        (&Method::GET, "/v1/fences") => {
-            let fences: Vec<_> = fencer
-                .register()
-                .list()
-                .into_iter()
-                .map(|(scope, token)| json!({"scope": scope, "token": token}))
-                .collect();
-            Ok(ok_json(&json!({"fences": fences})))
-        }
-        (_, p) if p.starts_with("/v1/fences/") => {
-            let scope = p.trim_start_matches("/v1/fences/").to_owned();
-            fence(&fencer, &method, scope, request.into_body()).await
-        }
-        _ => Ok(not_found(&method, &path)),
-    };
-    Ok(result.unwrap_or_else(ProxyError::into_response))
-}
-
-async fn fence(
-    fencer: &Arc<Fencer>,
-    method: &Method,
-    scope: String,
-    body: Incoming,
-) -> Result<Response<ProxyBody>, ProxyError> {
-    validate_scope(&scope).map_err(|reason| ProxyError::BadScope { reason })?;
-    match *method {
-        Method::GET => {
-            let token = fencer.register().current(&scope);
-            Ok(ok_json(&json!({"scope": scope, "token": token})))
-        }
-        Method::POST => {
-            let bytes = Limited::new(body, ADMIN_BODY_BYTES_MAX)
-                .collect()
-                .await
-                .map_err(|e| ProxyError::BadRequest(format!("cannot read body: {e}")))?
-                .to_bytes();
-            let AdvanceBody { token } = serde_json::from_slice(&bytes).map_err(|e| {
-                ProxyError::BadRequest(format!("body must be {{\"token\": <u64>}}: {e}"))
-            })?;
-            // The same admission as a write: raise the fence, then wait at the barrier.
-            let admitted = fencer.admit(&scope, token).await?;
-            let advanced = admitted.raised;
-            drop(admitted);
-            Ok(ok_json(
-                &json!({"scope": scope, "token": token, "advanced": advanced}),
-            ))
-        }
-        _ => Err(ProxyError::MethodNotAllowed {
-            method: method.to_string(),
-        }),
+/// What the admin listener's accept loop allows.
+pub(crate) fn limits(drain_timeout: Duration) -> ControlLimits {
+    ControlLimits {
+        name: "admin",
+        connections_max: ADMIN_CONNECTIONS_MAX,
+        header_read_timeout: Duration::from_millis(ADMIN_HEADER_READ_TIMEOUT_MS),
+        drain_timeout,
     }
 }
 
-fn not_found(method: &Method, path: &str) -> Response<ProxyBody> {
-    problem_response(
-        StatusCode::NOT_FOUND,
-        &json!({
-            "type": "https://palisade.invalid/problems/not-found",
-            "title": "Not Found",
-            "status": 404,
-            "detail": format!("no admin endpoint {method} {path}; see GET /v1/fences, GET|POST /v1/fences/{{scope}}, GET /metrics, GET /healthz"),
-        }),
+/// The admin API's router over `fencer`, the same fencer the data path admits through.
+pub(crate) fn app(fencer: Arc<Fencer>) -> Router {
+    let router = Router::new()
+        .route(FENCES_PATH, get(list))
+        .route(&format!("{FENCES_PATH}/{{scope}}"), get(read).post(advance))
+        .route(METRICS_PATH, get(metrics))
+        .route(HEALTHZ_PATH, get(health))
+        .with_state(fencer);
+    finish(router, "admin API", ADMIN_BODY_BYTES_MAX)
+}
+
+/// `GET /v1/fences`.
+async fn list(State(fencer): State<Arc<Fencer>>) -> ApiJson<FenceList> {
+    let fences = fencer
+        .fence_register()
+        .list()
+        .into_iter()
+        .filter_map(|(name, token)| match Scope::new(name) {
+            Ok(scope) => Some(FenceView { scope, token }),
+            // Every stored scope passed the same check on its way in; one that does not
+            // now was written by something else, and is left out rather than failing the
+            // whole list.
+            Err(err) => {
+                tracing::warn!(cause = %err, "stored fence has an invalid scope; not listed");
+                None
+            }
+        })
+        .collect();
+    ApiJson(FenceList { fences })
+}
+
+/// `GET /v1/fences/{scope}`.
+async fn read(
+    State(fencer): State<Arc<Fencer>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<ApiJson<FenceView>, Problem> {
+    let scope = scope_of(path).map_err(|err| err.to_problem())?;
+    let token = fencer.fence_register().current(&scope);
+    Ok(ApiJson(FenceView { scope, token }))
+}
+
+/// `POST /v1/fences/{scope}`. The scope is checked before the body, so a request wrong
+/// in both is told about the path first.
+async fn advance(
+    State(fencer): State<Arc<Fencer>>,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<ApiJson<AdvanceRequest>, Problem>,
+) -> Result<ApiJson<AdvanceResponse>, Problem> {
+    let scope = scope_of(path).map_err(|err| err.to_problem())?;
+    let ApiJson(AdvanceRequest { token }) = body?;
+    // The same admission as a write: raise the fence, then wait at the barrier.
+    let admitted = fencer.admit(&scope, token).await.map_err(|err| {
+        tracing::info!(scope = %scope, token, cause = %err, "admin advance refused");
+        err.to_problem()
+    })?;
+    let advanced = admitted.raised;
+    drop(admitted);
+    Ok(ApiJson(AdvanceResponse {
+        scope,
+        token,
+        advanced,
+    }))
+}
+
+/// The scope named by the path, or the bad-scope error the data path gives (400).
+fn scope_of(path: Result<Path<String>, PathRejection>) -> Result<Scope, ProxyError> {
+    let Path(name) = path.map_err(|rejection| ProxyError::BadScope {
+        reason: rejection.body_text(),
+    })?;
+    Scope::new(name).map_err(|err| ProxyError::BadScope {
+        reason: err.to_string(),
+    })
+}
+
+/// `GET /metrics`.
+async fn metrics() -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(PROMETHEUS_TEXT),
+        )],
+        crate::metrics::prometheus().render(),
     )
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<ProxyBody> {
-    let mut response = Response::new(full(body));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4"),
-    );
-    response
+/// `GET /healthz`.
+async fn health() -> ApiJson<Health> {
+    ApiJson(Health::ok(None))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use http::{Method, Request, StatusCode};
+    use http_body_util::BodyExt as _;
+    use palisade_protocol::headers::{FENCING_TOKEN_CURRENT, JSON, PROBLEM_JSON};
+    use tower::ServiceExt as _;
+
+    use super::*;
+
+    fn fencer(dir: &tempfile::TempDir) -> Arc<Fencer> {
+        let db = palisade_storage::open_database(&dir.path().join("a.redb")).unwrap();
+        let register = palisade_storage::FenceRegister::open(db, 100).unwrap();
+        Arc::new(Fencer::new(register, Duration::from_millis(200)))
+    }
+
+    /// One request through the router: status, content type, body.
+    async fn call(
+        fencer: &Arc<Fencer>,
+        method: Method,
+        uri: &str,
+        body: &str,
+    ) -> (StatusCode, http::HeaderMap, String) {
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, JSON)
+            .body(Body::from(body.to_owned()))
+            .unwrap();
+        let response = app(Arc::clone(fencer)).oneshot(request).await.unwrap();
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    /// Goal: an advance moves the fence and reads back typed; a stale one is 409 with the
+    /// fencing members and `Fencing-Token-Current`, as the data path answers it.
+    /// Method: advance to 5, advance to 3, read the fence, through `oneshot`.
+    #[tokio::test]
+    async fn advance_then_stale_advance() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir);
+        let (s, _, b) = call(&f, Method::POST, "/v1/fences/jobs", r#"{"token":5}"#).await;
+        assert_eq!(s, StatusCode::OK, "{b}");
+        let answer: AdvanceResponse = serde_json::from_str(&b).unwrap();
+        assert_eq!((answer.scope.as_str(), answer.token), ("jobs", 5));
+        assert!(answer.advanced);
+
+        let (s, h, b) = call(&f, Method::POST, "/v1/fences/jobs", r#"{"token":3}"#).await;
+        assert_eq!(s, StatusCode::CONFLICT, "{b}");
+        assert_eq!(h[header::CONTENT_TYPE], PROBLEM_JSON);
+        assert_eq!(h[FENCING_TOKEN_CURRENT], "5");
+        let problem: Problem = serde_json::from_str(&b).unwrap();
+        let expected = ProxyError::Stale {
+            scope: "jobs".into(),
+            presented: 3,
+            current: 5,
+        }
+        .to_problem();
+        assert_eq!(problem, expected);
+
+        let (s, _, b) = call(&f, Method::GET, "/v1/fences/jobs", "").await;
+        assert_eq!(s, StatusCode::OK);
+        let view: FenceView = serde_json::from_str(&b).unwrap();
+        assert_eq!(view.token, 5);
+    }
+
+    /// Goal: a scope outside the rule in the path is 400 problem+json of kind bad-scope,
+    /// whether it is too long or smuggles a `/` as `%2F`; the fence table is untouched.
+    /// Method: GET and POST such paths, then list the fences.
+    #[tokio::test]
+    async fn bad_scopes_in_the_path_are_400() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir);
+        let long = format!(
+            "/v1/fences/{}",
+            "x".repeat(palisade_protocol::SCOPE_BYTES_MAX + 1)
+        );
+        for (method, uri) in [
+            (Method::GET, long.as_str()),
+            (Method::POST, long.as_str()),
+            (Method::POST, "/v1/fences/a%2Fb"),
+            (Method::GET, "/v1/fences/a%20b"),
+        ] {
+            let (s, h, b) = call(&f, method.clone(), uri, r#"{"token":1}"#).await;
+            assert_eq!(s, StatusCode::BAD_REQUEST, "{method} {uri}: {b}");
+            assert_eq!(h[header::CONTENT_TYPE], PROBLEM_JSON);
+            let problem: Problem = serde_json::from_str(&b).unwrap();
+            assert_eq!(problem.kind(), "bad-scope", "{b}");
+        }
+        let (_, _, b) = call(&f, Method::GET, "/v1/fences", "").await;
+        let list: FenceList = serde_json::from_str(&b).unwrap();
+        assert!(list.fences.is_empty(), "{b}");
+    }
+
+    /// Goal: `/healthz` is JSON health, `/metrics` Prometheus text.
+    /// Method: GET both through `oneshot`.
+    #[tokio::test]
+    async fn health_is_json_and_metrics_are_prometheus_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir);
+        let (s, h, b) = call(&f, Method::GET, "/healthz", "").await;
+        assert_eq!(
+            (s, &h[header::CONTENT_TYPE]),
+            (StatusCode::OK, &HeaderValue::from_static(JSON))
+        );
+        assert_eq!(
+            serde_json::from_str::<Health>(&b).unwrap(),
+            Health::ok(None)
+        );
+        let (s, h, _) = call(&f, Method::GET, "/metrics", "").await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(h[header::CONTENT_TYPE], PROMETHEUS_TEXT);
+    }
 }

@@ -13,12 +13,14 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed()
 }
 
-/// A 200 response with a JSON body.
-pub fn ok_json(value: &serde_json::Value) -> http::Response<ProxyBody> {
-    let mut response = http::Response::new(full(Bytes::from(value.to_string())));
+/// A 200 response with `value` as its JSON body.
+pub fn ok_json(value: &impl serde::Serialize) -> http::Response<ProxyBody> {
+    // The bodies are the protocol's plain structs of strings and integers, which always
+    // serialize; an empty body would still be answered with its status.
+    let mut response = http::Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
+        http::HeaderValue::from_static(palisade_protocol::headers::JSON),
     );
     response
 }

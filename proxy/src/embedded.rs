@@ -7,14 +7,15 @@
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Response, StatusCode, header};
+use palisade_protocol::headers::{FENCING_TOKEN, REVISION};
+use palisade_protocol::{KeyList, StoredObject};
 use palisade_storage::{ObjectError, ObjectStore};
-use serde_json::json;
 
 use crate::body::{ProxyBody, full, ok_json};
 use crate::error::ProxyError;
 
-/// Response header of a `GET`: the store-wide revision of the write that stored the object.
-pub const REVISION_HEADER: &str = "palisade-revision";
+/// The methods the store takes, as an `Allow` header value.
+const METHODS_ALLOWED: &str = "GET, HEAD, PUT, POST, DELETE";
 
 /// Most keys one listing returns; `?list&limit=N` may ask for fewer.
 pub const LIST_KEYS_MAX: usize = 1000;
@@ -35,13 +36,16 @@ pub(crate) async fn serve(
         let store = store.clone();
         let keys = blocking(move || store.list(&key, limit)).await?;
         let truncated = keys.len() == limit;
-        let keys: Vec<_> = keys
+        let keys = keys
             .into_iter()
-            .map(
-                |m| json!({"key": m.key, "token": m.token, "revision": m.revision, "size": m.size}),
-            )
+            .map(|m| StoredObject {
+                key: m.key,
+                token: m.token,
+                revision: m.revision,
+                size: m.size,
+            })
             .collect();
-        return Ok(ok_json(&json!({"keys": keys, "truncated": truncated})));
+        return Ok(ok_json(&KeyList { keys, truncated }));
     }
     if key.is_empty() {
         return Err(ProxyError::BadRequest(
@@ -57,9 +61,12 @@ pub(crate) async fn serve(
             let store = store.clone();
             let key_owned = key.clone();
             let revision = blocking(move || store.put(&key_owned, token, &body)).await?;
-            Ok(ok_json(
-                &json!({"key": key, "token": token, "revision": revision, "size": size}),
-            ))
+            Ok(ok_json(&StoredObject {
+                key,
+                token,
+                revision,
+                size,
+            }))
         }
         Method::DELETE => {
             let store = store.clone();
@@ -91,15 +98,13 @@ pub(crate) async fn serve(
                 HeaderValue::from_static("application/octet-stream"),
             );
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-            headers.insert(
-                crate::service::FENCING_TOKEN,
-                HeaderValue::from(object.token),
-            );
-            headers.insert(REVISION_HEADER, HeaderValue::from(object.revision));
+            headers.insert(FENCING_TOKEN, HeaderValue::from(object.token));
+            headers.insert(REVISION, HeaderValue::from(object.revision));
             Ok(response)
         }
         _ => Err(ProxyError::MethodNotAllowed {
             method: method.to_string(),
+            allowed: METHODS_ALLOWED,
         }),
     }
 }

@@ -1,16 +1,15 @@
 //! Every way a proxied request can fail, who caused it, and its one HTTP answer.
 //!
-//! Errors are answered as `application/problem+json` (RFC 9457). Fencing errors also carry
-//! `scope`, `presented` and `current`, and the `Fencing-Token-Current` header.
+//! Errors are answered as `application/problem+json` (RFC 9457): [`ProxyError::to_problem`]
+//! is the one mapping from an error to its [`Problem`], used by the data path and the
+//! admin API alike. Fencing errors also carry `scope`, `presented` and `current`, and the
+//! `Fencing-Token-Current` header.
 
-use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
-use serde_json::json;
+use palisade_protocol::headers::{FENCING_TOKEN_CURRENT, PROBLEM_JSON};
+use palisade_protocol::{Problem, TokenError};
 
 use crate::body::{ProxyBody, full};
-
-/// The fixed response header that tells a rejected client the scope's current fence.
-pub const FENCING_TOKEN_CURRENT: &str = "fencing-token-current";
 
 /// Who caused an error: decides the status class and the log level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +33,7 @@ pub enum ProxyError {
     #[error("invalid Fencing-Token: {reason}")]
     BadToken {
         /// What is wrong with it.
-        reason: String,
+        reason: TokenError,
     },
     /// A scope name outside the contract.
     #[error("invalid scope: {reason}")]
@@ -90,11 +89,13 @@ pub enum ProxyError {
         /// The key.
         key: String,
     },
-    /// The embedded store does not support this method.
-    #[error("method {method} is not supported by the embedded store")]
+    /// The resource does not take this method.
+    #[error("method {method} is not allowed here; allowed: {allowed}")]
     MethodNotAllowed {
         /// The method.
         method: String,
+        /// The methods the resource takes, as an `Allow` header value.
+        allowed: &'static str,
     },
     /// No response head from the upstream in time.
     #[error("upstream did not answer within {timeout_ms} ms")]
@@ -175,65 +176,58 @@ impl ProxyError {
         }
     }
 
-    /// The scope's fence, for errors that know it.
-    fn current(&self) -> Option<u64> {
+    /// The error as problem+json: the one mapping from an error to its answer body.
+    /// The kind is [`reason`](Self::reason), the detail the error's message, and the
+    /// fencing errors add `scope`, `presented` and `current`.
+    pub fn to_problem(&self) -> Problem {
+        let problem = Problem::new(self.status(), self.reason(), self.to_string());
         match self {
-            Self::Stale { current, .. } | Self::BarrierTimeout { current, .. } => Some(*current),
-            _ => None,
+            Self::Stale {
+                scope,
+                presented,
+                current,
+            }
+            | Self::BarrierTimeout {
+                scope,
+                presented,
+                current,
+                ..
+            } => problem.with_fence(scope, *presented, *current),
+            _ => problem,
         }
     }
 
-    /// The problem+json response.
+    /// The data path's answer: the problem+json body of [`to_problem`](Self::to_problem)
+    /// as a hyper response, with `Fencing-Token-Current` when the problem names the
+    /// scope's fence, `Retry-After` on a 503, and `Allow` on a 405.
     pub fn into_response(self) -> Response<ProxyBody> {
-        let status = self.status();
-        let mut problem = json!({
-            "type": format!("https://palisade.invalid/problems/{}", self.reason()),
-            "title": status.canonical_reason().unwrap_or("error"),
-            "status": status.as_u16(),
-            "detail": self.to_string(),
-        });
-        if let Self::Stale {
-            scope,
-            presented,
-            current,
-        }
-        | Self::BarrierTimeout {
-            scope,
-            presented,
-            current,
-            ..
-        } = &self
-        {
-            problem["scope"] = json!(scope);
-            problem["presented"] = json!(presented);
-            problem["current"] = json!(current);
-        }
-        let mut response = problem_response(status, &problem);
-        if let Some(current) = self.current() {
+        let mut response = problem_response(&self.to_problem());
+        if let Self::MethodNotAllowed { allowed, .. } = self {
             response
                 .headers_mut()
-                .insert(FENCING_TOKEN_CURRENT, HeaderValue::from(current));
-        }
-        if matches!(self, Self::BarrierTimeout { .. } | Self::Unavailable(_)) {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::ALLOW, HeaderValue::from_static(allowed));
         }
         response
     }
 }
 
-/// A problem+json response with the given body.
-pub(crate) fn problem_response(
-    status: StatusCode,
-    problem: &serde_json::Value,
-) -> Response<ProxyBody> {
-    let mut response = Response::new(full(Bytes::from(problem.to_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
+/// A problem as a hyper response. The headers are the ones the control plane's axum
+/// answer of a [`Problem`] carries, so a client reads a rejection the same way from the
+/// data path and from the admin API.
+fn problem_response(problem: &Problem) -> Response<ProxyBody> {
+    // Serializing a struct of strings and integers cannot fail; an empty body would
+    // still carry the status and headers.
+    let body = serde_json::to_vec(problem).unwrap_or_default();
+    let mut response = Response::new(full(body));
+    *response.status_mut() = problem.status_code();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    if let Some(current) = problem.current {
+        headers.insert(FENCING_TOKEN_CURRENT, HeaderValue::from(current));
+    }
+    if problem.status_code() == StatusCode::SERVICE_UNAVAILABLE {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
     response
 }
 
@@ -242,6 +236,9 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    /// Goal: a stale rejection answers 409 problem+json with the numbers in the body and
+    /// the fence in `Fencing-Token-Current`.
+    /// Method: render a `Stale` error and read the response back.
     #[tokio::test]
     async fn stale_answer_carries_numbers_and_header() {
         let err = ProxyError::Stale {
@@ -253,10 +250,7 @@ mod tests {
         let response = err.into_response();
         assert_eq!(response.status(), StatusCode::CONFLICT);
         assert_eq!(response.headers()[FENCING_TOKEN_CURRENT], "7");
-        assert_eq!(
-            response.headers()[header::CONTENT_TYPE],
-            "application/problem+json"
-        );
+        assert_eq!(response.headers()[header::CONTENT_TYPE], PROBLEM_JSON);
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["status"], 409);
@@ -264,8 +258,43 @@ mod tests {
         assert_eq!(v["presented"], 3);
         assert_eq!(v["current"], 7);
         assert!(v["detail"].as_str().unwrap().contains("current is 7"));
+        assert_eq!(
+            v["type"], "https://palisade.invalid/problems/stale-token",
+            "{v}"
+        );
     }
 
+    /// Goal: a barrier timeout is a 503 that says when to retry and carries the fence; a
+    /// 405 names the allowed methods.
+    /// Method: render both errors and inspect the heads.
+    #[test]
+    fn retry_after_and_allow_headers() {
+        let barrier = ProxyError::BarrierTimeout {
+            scope: "s".into(),
+            presented: 2,
+            current: 2,
+            waited_ms: 9,
+        }
+        .into_response();
+        assert_eq!(barrier.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(barrier.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(barrier.headers()[FENCING_TOKEN_CURRENT], "2");
+        let method = ProxyError::MethodNotAllowed {
+            method: "PATCH".into(),
+            allowed: "GET, PUT",
+        };
+        assert_eq!(
+            method.to_string(),
+            "method PATCH is not allowed here; allowed: GET, PUT"
+        );
+        let response = method.into_response();
+        assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(response.headers()[header::ALLOW], "GET, PUT");
+        assert!(response.headers().get(header::RETRY_AFTER).is_none());
+    }
+
+    /// Goal: every error has its one status.
+    /// Method: check the statuses of a sample of errors.
     #[test]
     fn each_error_has_its_status() {
         assert_eq!(
@@ -274,7 +303,7 @@ mod tests {
         );
         assert_eq!(
             ProxyError::BadToken {
-                reason: String::new()
+                reason: TokenError::Empty
             }
             .status(),
             StatusCode::BAD_REQUEST

@@ -8,8 +8,11 @@
 //! - `FAILPOINTS`: the `fail` crate's own syntax, `NAME=ACTIONS;...` (`return`, `panic`,
 //!   `sleep(MS)`, `pause`, `print(MSG)`, with `P%` and `N*` prefixes), set up by
 //!   `fail::FailScenario::setup()`.
-//! - `PALISADE_FAILPOINT_STOP=NAME[,NAME...]`: at each of these failpoints the process
-//!   prints `palisade failpoint NAME reached (pid PID)` on stdout and stops itself with
+//! - `PALISADE_FAILPOINT_STOP=NAME[,NAME...]`
+//!   ([`FAILPOINT_STOP_ENV`](palisade_protocol::process::FAILPOINT_STOP_ENV)): at each of
+//!   these failpoints the process prints a
+//!   [`FailpointStop`](palisade_protocol::process::FailpointStop) line,
+//!   `palisade failpoint NAME reached (pid PID)`, on stdout and stops itself with
 //!   `SIGSTOP`, every time it gets there. A test in another process waits for that line,
 //!   then does what the scenario needs while the process is frozen at exactly that point
 //!   (elects a new leader, `kill -9`s it), and continues it with `SIGCONT`, or never. This
@@ -34,10 +37,6 @@ pub const FAILPOINTS: [&str; 6] = [
     "proxy-after-forward",
     "proxy-before-reply",
 ];
-/// The variable naming the failpoints that stop the process.
-pub const STOP_ENV: &str = "PALISADE_FAILPOINT_STOP";
-/// The start of the line printed before stopping.
-pub const STOP_LINE: &str = "palisade failpoint";
 
 /// The configured failpoints; they stay configured while this lives.
 pub struct Failpoints {
@@ -55,6 +54,7 @@ pub fn setup() -> Result<Failpoints, String> {
 /// crate does) and `PALISADE_FAILPOINT_STOP` (an unknown name is an error).
 #[cfg(feature = "failpoints")]
 pub fn setup() -> Result<Failpoints, String> {
+    use palisade_protocol::process::FAILPOINT_STOP_ENV as STOP_ENV;
     let scenario = fail::FailScenario::setup();
     if let Some(names) = std::env::var_os(STOP_ENV) {
         let names = names.to_string_lossy().into_owned();
@@ -84,8 +84,12 @@ pub fn setup() -> Result<Failpoints, String> {
 fn stop_here(name: &str) {
     use std::io::Write as _;
     let pid = std::process::id();
+    let line = palisade_protocol::process::FailpointStop {
+        name: name.to_owned(),
+        pid,
+    };
     let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(stdout, "{STOP_LINE} {name} reached (pid {pid})");
+    let _ = writeln!(stdout, "{line}");
     let _ = stdout.flush();
     drop(stdout);
     tracing::warn!(

@@ -5,19 +5,23 @@
 //!
 //! 1. The fence. A request whose token is below the scope's fence is rejected; a higher
 //!    token raises the fence (fsynced) before anything is forwarded.
-//! 2. The barrier. A request is registered as in flight *before* it reads the fence, and
+//! 2. The barrier. A request enters the in-flight set *before* it reads the fence, and
 //!    is forwarded only once no lower-token request of its scope is still in flight.
 //!
-//! Registering before reading the fence closes the race between a lower request that
-//! read the fence just before a higher request raised it: either the higher request sees
-//! the lower one registered and waits for it, or the lower one reads the raised fence and
-//! is rejected. Both sides go through the same per-scope mutex, which orders them.
+//! Entering the set before reading the fence closes the race between a lower request
+//! that read the fence just before a higher request raised it: either the higher request
+//! sees the lower one in flight and waits for it, or the lower one reads the raised fence
+//! and is rejected. Both sides go through the same per-scope mutex, which orders them.
+//!
+//! The [`FenceRegister`] (storage's durable table of fences) is a noun here; the verb for
+//! a request joining the in-flight set is *track*.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
+use palisade_protocol::process::events;
 use palisade_storage::{Advance, FenceRegister};
 use tokio::sync::Notify;
 
@@ -55,7 +59,7 @@ impl ScopeInflight {
     }
 }
 
-/// Proof that a request is registered in flight. Dropping it (when the upstream has
+/// Proof that a request is tracked in flight. Dropping it (when the upstream has
 /// answered, or the request failed) lets higher-token requests of the scope proceed.
 pub(crate) struct InflightGuard {
     fencer: Arc<Fencer>,
@@ -77,8 +81,8 @@ impl Drop for InflightGuard {
         }
         self.set.left.notify_waiters();
         // Remove the scope's entry if nothing is in flight. `remove_if` holds the shard
-        // lock, and registration inserts under the same lock, so no request can register
-        // into a set that is being removed.
+        // lock, and tracking inserts under the same lock, so no request can enter a set
+        // that is being removed.
         self.fencer
             .inflight
             .remove_if(&self.scope, |_, set| set.lock().is_empty());
@@ -103,8 +107,8 @@ impl Fencer {
         }
     }
 
-    /// The fence register (for the admin API).
-    pub(crate) fn register(&self) -> &FenceRegister {
+    /// The durable table of fences (for the admin API).
+    pub(crate) fn fence_register(&self) -> &FenceRegister {
         &self.register
     }
 
@@ -116,8 +120,8 @@ impl Fencer {
         scope: &str,
         token: u64,
     ) -> Result<Admitted, ProxyError> {
-        // Phase 1: register in flight, before reading the fence (see the module docs).
-        let guard = self.register_inflight(scope, token);
+        // Phase 1: enter the in-flight set, before reading the fence (see the module docs).
+        let guard = self.track_in_flight(scope, token);
 
         // Phase 2: the fence check. Equal and lower tokens are answered from memory.
         let current = self.register.current(scope);
@@ -148,7 +152,13 @@ impl Fencer {
         match advance {
             Advance::Raised { previous } => {
                 metrics::counter!(m::FENCE_ADVANCES).increment(1);
-                tracing::info!(scope, token, previous, "fence raised");
+                tracing::info!(
+                    event = events::FENCE_RAISED,
+                    scope,
+                    token,
+                    previous,
+                    "fence raised"
+                );
                 Ok(true)
             }
             Advance::Unchanged => Ok(false),
@@ -156,7 +166,8 @@ impl Fencer {
         }
     }
 
-    fn register_inflight(self: &Arc<Self>, scope: &str, token: u64) -> InflightGuard {
+    /// Adds the request to its scope's in-flight set until the returned guard drops.
+    fn track_in_flight(self: &Arc<Self>, scope: &str, token: u64) -> InflightGuard {
         let entry = self.inflight.entry(scope.to_owned()).or_default();
         *entry.lock().entry(token).or_insert(0) += 1;
         let set = Arc::clone(&entry);

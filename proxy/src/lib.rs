@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! client ──> listener (TLS?, h1/h2c, limits) ──> parse ──> classify ──> read body
-//!        ──> fence (register in flight, check/raise fence in redb, barrier)
+//!        ──> fence (track in flight, check/raise fence in redb, barrier)
 //!        ──> forward (HTTP(S) upstream, or the embedded object store) ──> respond, log
 //! ```
 //!
@@ -18,13 +18,18 @@
 //! - `fencing`: admission: the fence check and the per-scope in-flight barrier.
 //! - `upstream`: the pooled HTTP(S) client to the upstream.
 //! - `embedded`: the embedded object store served in-process.
-//! - `admin`: the admin API (fences, metrics, health).
-//! - `server`: listeners, TLS, connection limits, graceful shutdown.
+//! - `admin`: the admin API on axum (fences, metrics, health), served by the protocol
+//!   crate's control-plane accept loop.
+//! - `server`: the data path's listener: TLS, HTTP/1.1 and h2c, connection limits,
+//!   graceful shutdown.
 //! - `tls`: rustls configuration from PEM files.
-//! - `error`: [`ProxyError`], who caused it, and its one HTTP answer.
+//! - `error`: [`ProxyError`], who caused it, and its one problem+json answer.
 //! - `failpoints`: test-only failpoints of the whole binary, set up from the environment.
 //! - `metrics`: metric names and the Prometheus recorder.
-//! - `body`: the response body type.
+//! - `body`: the data path's response body type.
+//!
+//! The wire contract (header names, the scope rule, token parsing, problem+json, the
+//! admin API's types) is `palisade-protocol`'s; this crate defines none of it.
 #![deny(missing_docs)]
 
 mod admin;
@@ -50,9 +55,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use config::{ConfigError, Limits, ProxyConfig, Route, TlsConfig};
-pub use embedded::{LIST_KEYS_MAX, REVISION_HEADER};
-pub use error::{Cause, FENCING_TOKEN_CURRENT, ProxyError};
-pub use service::{DEFAULT_SCOPE, FENCING_SCOPE, FENCING_TOKEN};
+pub use embedded::LIST_KEYS_MAX;
+pub use error::{Cause, ProxyError};
+/// The header names, defined in `palisade-protocol`; re-exported for callers that name
+/// them through this crate.
+pub use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN};
 pub use tls::TlsError;
 
 use crate::fencing::Fencer;
@@ -128,8 +135,9 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         Some(t) => Some(tokio_rustls::TlsAcceptor::from(tls::server_config(t)?)),
         None => None,
     };
+    // Install the recorder, then bind the hot-path handles to it, before any request.
     metrics::prometheus();
-    metrics::hot();
+    metrics::hot_path_handles();
 
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
@@ -160,12 +168,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         drain_timeout: Duration::from_millis(limits.drain_timeout_ms),
         tls,
     };
-    let admin_settings = ListenerSettings {
-        name: "admin",
-        connections_max: ADMIN_CONNECTIONS_MAX,
-        tls: None,
-        ..client_settings.clone()
-    };
+    let admin_limits = admin::limits(client_settings.drain_timeout);
     let mut tasks = JoinSet::new();
     tasks.spawn(server::serve(
         client_listener,
@@ -173,11 +176,16 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         shutdown_rx.clone(),
         move |req, peer| service::handle(Arc::clone(&shared), req, peer),
     ));
-    tasks.spawn(server::serve(
+    let mut admin_shutdown = shutdown_rx;
+    tasks.spawn(palisade_protocol::server::serve(
         admin_listener,
-        admin_settings,
-        shutdown_rx,
-        move |req, _peer| admin::handle(Arc::clone(&fencer), req),
+        admin::app(fencer),
+        admin_limits,
+        async move {
+            // Both listeners stop on the same signal. A dropped sender (the handle gone)
+            // also ends the wait, as it ends the client listener's.
+            let _ = admin_shutdown.wait_for(|stop| *stop).await;
+        },
     ));
     tracing::info!(%listen, %admin, database = %database.display(),
         upstream = config.upstream.as_deref().unwrap_or("embedded object store"),
@@ -190,6 +198,3 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         tasks,
     })
 }
-
-/// Admin connections open at once: operators and election nodes, never many.
-const ADMIN_CONNECTIONS_MAX: usize = 64;

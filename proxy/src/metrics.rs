@@ -5,10 +5,16 @@ use std::sync::OnceLock;
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Requests by `class` (read, write) and `outcome` (forwarded, rejected, failed).
+/// Requests by `class` (read, write) and `outcome`: `forwarded` (the backend answered,
+/// whatever its status), `rejected` (refused by the proxy for a cause of the client's),
+/// `failed` (refused for a cause of the proxy's, or the backend failed).
 pub const REQUESTS: &str = "palisade_proxy_requests_total";
-/// Rejections by `reason` (stale-token, missing-token, bad-token, ...).
+/// Requests the proxy refused before forwarding them, by `reason` (stale-token,
+/// missing-token, bad-token, barrier-timeout, ...). Nothing of these reached the backend.
 pub const REJECTIONS: &str = "palisade_proxy_rejections_total";
+/// Forwarded requests whose backend failed, by `reason`: the HTTP upstream
+/// (upstream-error, upstream-timeout) or the embedded store's storage (storage-error).
+pub const UPSTREAM_ERRORS: &str = "palisade_proxy_upstream_errors_total";
 /// Times a fence moved up, by a write or the admin API.
 pub const FENCE_ADVANCES: &str = "palisade_proxy_fence_advances_total";
 /// Requests that had to wait at the in-flight barrier.
@@ -45,7 +51,7 @@ pub fn prometheus() -> &'static PrometheusHandle {
 
 /// Handles of the metrics every forwarded request touches, registered once: looking a
 /// labelled metric up by name on each request costs a hash and a lock.
-pub(crate) struct Hot {
+pub(crate) struct HotPathHandles {
     /// `REQUESTS{class="read",outcome="forwarded"}`.
     pub forwarded_read: Counter,
     /// `REQUESTS{class="write",outcome="forwarded"}`.
@@ -54,11 +60,12 @@ pub(crate) struct Hot {
     pub upstream_seconds: Histogram,
 }
 
-/// The hot-path handles. They bind to the recorder installed when first called, so
-/// `start` installs it (through [`prometheus`]) before serving any request.
-pub(crate) fn hot() -> &'static Hot {
-    static HOT: OnceLock<Hot> = OnceLock::new();
-    HOT.get_or_init(|| Hot {
+/// The hot-path handles, registered with the recorder on the first call and reused
+/// after. They bind to the recorder installed at that first call, so `start` installs it
+/// (through [`prometheus`]) and then calls this before serving any request.
+pub(crate) fn hot_path_handles() -> &'static HotPathHandles {
+    static HANDLES: OnceLock<HotPathHandles> = OnceLock::new();
+    HANDLES.get_or_init(|| HotPathHandles {
         forwarded_read: metrics::counter!(REQUESTS, "class" => "read", "outcome" => "forwarded"),
         forwarded_write: metrics::counter!(REQUESTS, "class" => "write", "outcome" => "forwarded"),
         upstream_seconds: metrics::histogram!(UPSTREAM_SECONDS),

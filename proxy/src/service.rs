@@ -8,24 +8,18 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Incoming};
+use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN};
+use palisade_protocol::process::events;
+use palisade_protocol::{DEFAULT_SCOPE, Scope, parse_token_header};
 use palisade_storage::ObjectStore;
 
 use crate::body::ProxyBody;
-use crate::config::{ProxyConfig, Route, validate_scope};
+use crate::config::{ProxyConfig, Route};
 use crate::error::{Cause, ProxyError};
 use crate::fencing::Fencer;
 use crate::metrics as m;
 use crate::server::Peer;
 use crate::upstream::HttpUpstream;
-
-/// The fixed request header carrying the fencing token.
-pub const FENCING_TOKEN: &str = "fencing-token";
-/// The fixed request header naming a client-chosen scope.
-pub const FENCING_SCOPE: &str = "fencing-scope";
-/// The scope of requests that name none.
-pub const DEFAULT_SCOPE: &str = "default";
-/// Most digits of a u64 (18446744073709551615).
-const TOKEN_DIGITS_MAX: usize = 20;
 
 /// Where admitted requests go.
 pub(crate) enum Backend {
@@ -93,6 +87,9 @@ struct Ctx {
     token: Option<u64>,
     /// Whether this request raised the scope's fence.
     raised: bool,
+    /// Whether the request was handed to the backend. An error after that is the
+    /// backend's, not a refusal by the proxy, and is counted as such.
+    forwarding: bool,
 }
 
 /// Serves one request. Never fails: every error becomes its problem+json answer.
@@ -116,6 +113,7 @@ pub(crate) async fn handle(
         scope: String::new(),
         token: None,
         raised: false,
+        forwarding: false,
     };
     let result = run_phases(Arc::clone(&shared), &mut ctx, request, peer).await;
     Ok(respond_and_log(&ctx, result))
@@ -131,7 +129,7 @@ async fn run_phases(
     // requests are refused before their body is read.
     let (mut parts, body) = request.into_parts();
     ctx.scope = resolve_scope(&shared, parts.uri.path(), &parts.headers)?;
-    ctx.token = parse_token(&parts.headers)?;
+    ctx.token = token_of(&parts.headers)?;
     if ctx.fenced && ctx.token.is_none() {
         return Err(ProxyError::MissingToken);
     }
@@ -157,6 +155,7 @@ async fn run_phases(
     // apply the write. The task keeps the in-flight guard until the upstream has
     // answered (or timed out), so higher tokens keep waiting for it.
     let token = ctx.token;
+    ctx.forwarding = true;
     let forward = tokio::spawn(async move {
         fail::fail_point!("proxy-before-forward");
         let response = match &shared.backend {
@@ -183,6 +182,12 @@ async fn run_phases(
 }
 
 /// Phase: respond and log. Counts the outcome and writes one log event.
+///
+/// An error before forwarding is a refusal by the proxy, counted in `REJECTIONS` by
+/// reason. After forwarding, a failure of the backend (the HTTP upstream, or the embedded
+/// store's own storage) is counted in `UPSTREAM_ERRORS`, and an answer the embedded store
+/// gives as an error (404 for a missing key, 405) counts as forwarded, as an HTTP
+/// upstream's 404 does.
 fn respond_and_log(
     ctx: &Ctx,
     result: Result<Response<ProxyBody>, ProxyError>,
@@ -192,35 +197,63 @@ fn respond_and_log(
     let class = ctx.class.label();
     let token = ctx.token;
     let scope = ctx.scope.as_str();
-    match result {
+    let err = match result {
         Ok(response) => {
-            match ctx.class {
-                Class::Read => m::hot().forwarded_read.increment(1),
-                Class::Write => m::hot().forwarded_write.increment(1),
-            }
+            count_forwarded(ctx.class);
             tracing::debug!(
                 scope, token, outcome = "forwarded", raised = ctx.raised, method = %ctx.method,
                 status = response.status().as_u16(), elapsed_ms, "request"
             );
-            response
+            return response;
         }
-        Err(err) => {
-            let outcome = match err.cause() {
-                Cause::Client => "rejected",
-                Cause::Upstream | Cause::Internal => "failed",
-            };
-            metrics::counter!(m::REQUESTS, "class" => class, "outcome" => outcome).increment(1);
-            metrics::counter!(m::REJECTIONS, "reason" => err.reason()).increment(1);
-            match err.cause() {
-                Cause::Client => tracing::info!(
-                    scope, token, outcome, method = %ctx.method, cause = %err, elapsed_ms, "request"
-                ),
-                Cause::Upstream | Cause::Internal => tracing::warn!(
-                    scope, token, outcome, method = %ctx.method, cause = %err, elapsed_ms, "request"
-                ),
+        Err(err) => err,
+    };
+    let reason = err.reason();
+    match (ctx.forwarding, err.cause()) {
+        (true, Cause::Client) => {
+            count_forwarded(ctx.class);
+            tracing::debug!(
+                scope, token, outcome = "forwarded", raised = ctx.raised, method = %ctx.method,
+                status = err.status().as_u16(), cause = %err, elapsed_ms, "request"
+            );
+        }
+        (true, Cause::Upstream | Cause::Internal) => {
+            metrics::counter!(m::REQUESTS, "class" => class, "outcome" => "failed").increment(1);
+            metrics::counter!(m::UPSTREAM_ERRORS, "reason" => reason).increment(1);
+            tracing::warn!(
+                scope, token, outcome = "failed", method = %ctx.method, cause = %err, elapsed_ms, "request"
+            );
+        }
+        (false, Cause::Client) => {
+            metrics::counter!(m::REQUESTS, "class" => class, "outcome" => "rejected").increment(1);
+            metrics::counter!(m::REJECTIONS, "reason" => reason).increment(1);
+            if matches!(err, ProxyError::Stale { .. }) {
+                tracing::info!(
+                    event = events::STALE_REJECTED, scope, token, outcome = "rejected",
+                    method = %ctx.method, cause = %err, elapsed_ms, "request"
+                );
+            } else {
+                tracing::info!(
+                    scope, token, outcome = "rejected", method = %ctx.method, cause = %err, elapsed_ms, "request"
+                );
             }
-            err.into_response()
         }
+        (false, Cause::Upstream | Cause::Internal) => {
+            metrics::counter!(m::REQUESTS, "class" => class, "outcome" => "failed").increment(1);
+            metrics::counter!(m::REJECTIONS, "reason" => reason).increment(1);
+            tracing::warn!(
+                scope, token, outcome = "failed", method = %ctx.method, cause = %err, elapsed_ms, "request"
+            );
+        }
+    }
+    err.into_response()
+}
+
+fn count_forwarded(class: Class) {
+    let handles = m::hot_path_handles();
+    match class {
+        Class::Read => handles.forwarded_read.increment(1),
+        Class::Write => handles.forwarded_write.increment(1),
     }
 }
 
@@ -259,39 +292,15 @@ fn resolve_scope(shared: &Shared, path: &str, headers: &HeaderMap) -> Result<Str
         (None, Some(h)) => h.to_owned(),
         (None, None) => DEFAULT_SCOPE.to_owned(),
     };
-    validate_scope(&scope).map_err(|reason| ProxyError::BadScope { reason })?;
+    Scope::check(&scope).map_err(|reason| ProxyError::BadScope {
+        reason: reason.to_string(),
+    })?;
     Ok(scope)
 }
 
-/// The `Fencing-Token` header: absent, or exactly one decimal u64 of ASCII digits.
-fn parse_token(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
-    let mut values = headers.get_all(FENCING_TOKEN).iter();
-    let value = match (values.next(), values.next()) {
-        (None, _) => return Ok(None),
-        (Some(_), Some(_)) => {
-            return Err(ProxyError::BadToken {
-                reason: "Fencing-Token header is repeated".to_owned(),
-            });
-        }
-        (Some(v), None) => v,
-    };
-    let bad = |reason: String| ProxyError::BadToken { reason };
-    let text = value
-        .to_str()
-        .map_err(|_| bad("not ASCII".to_owned()))?
-        .trim();
-    if text.is_empty() {
-        return Err(bad("empty".to_owned()));
-    }
-    if let Some(c) = text.chars().find(|c| !c.is_ascii_digit()) {
-        return Err(bad(format!("{text:?} has {c:?}; expected a decimal u64")));
-    }
-    if text.len() > TOKEN_DIGITS_MAX {
-        return Err(bad(format!("{text:?} overflows u64")));
-    }
-    text.parse::<u64>()
-        .map(Some)
-        .map_err(|_| bad(format!("{text:?} overflows u64")))
+/// The request's `Fencing-Token`, parsed by the protocol's one rule; a bad one is 400.
+fn token_of(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
+    parse_token_header(headers).map_err(|reason| ProxyError::BadToken { reason })
 }
 
 async fn read_body(shared: &Shared, body: Incoming) -> Result<Bytes, ProxyError> {
@@ -320,42 +329,35 @@ async fn read_body(shared: &Shared, body: Incoming) -> Result<Bytes, ProxyError>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::{HeaderName, HeaderValue};
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    fn headers(pairs: &[(HeaderName, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.append(*k, HeaderValue::from_static(v));
+            h.append(k.clone(), HeaderValue::from_static(v));
         }
         h
     }
 
+    /// Goal: the data path refuses a bad `Fencing-Token` with 400 bad-token and a message
+    /// that names the header and the value, and takes a good one.
+    /// Method: map header maps through `token_of`.
     #[test]
-    fn token_parsing_follows_the_contract() {
-        assert_eq!(parse_token(&headers(&[])).unwrap(), None);
+    fn bad_tokens_are_400_with_the_value_named() {
+        assert_eq!(token_of(&headers(&[])).unwrap(), None);
         assert_eq!(
-            parse_token(&headers(&[("fencing-token", "0")])).unwrap(),
-            Some(0)
-        );
-        assert_eq!(
-            parse_token(&headers(&[("fencing-token", "18446744073709551615")])).unwrap(),
+            token_of(&headers(&[(FENCING_TOKEN, "18446744073709551615")])).unwrap(),
             Some(u64::MAX)
         );
-        for bad in [
-            "",
-            "-1",
-            "+1",
-            "1.0",
-            "0x10",
-            "abc",
-            "18446744073709551616",
-            "99999999999999999999999",
-        ] {
-            let h = headers(&[("fencing-token", bad)]);
-            assert!(parse_token(&h).is_err(), "{bad:?} must be refused");
-        }
-        let h = headers(&[("fencing-token", "1"), ("fencing-token", "1")]);
-        assert!(parse_token(&h).is_err(), "repeated header must be refused");
+        let err = token_of(&headers(&[(FENCING_TOKEN, "18446744073709551616")])).unwrap_err();
+        assert_eq!(err.status(), http::StatusCode::BAD_REQUEST);
+        assert_eq!(err.reason(), "bad-token");
+        assert_eq!(
+            err.to_string(),
+            "invalid Fencing-Token: \"18446744073709551616\" overflows u64"
+        );
+        let err = token_of(&headers(&[(FENCING_TOKEN, "1"), (FENCING_TOKEN, "1")])).unwrap_err();
+        assert!(err.to_string().contains("repeated"), "{err}");
     }
 
     fn shared(routes: Vec<Route>, client_scopes: bool) -> Shared {
@@ -375,6 +377,9 @@ mod tests {
         )
     }
 
+    /// Goal: the longest matching route decides the scope; a client scope is taken only
+    /// where no route applies, and must follow the scope rule.
+    /// Method: resolve paths and headers against two nested routes.
     #[test]
     fn scope_resolution_prefers_the_longest_route() {
         let s = shared(
@@ -397,17 +402,19 @@ mod tests {
             DEFAULT_SCOPE
         );
         assert_eq!(
-            resolve_scope(&s, "/z", &headers(&[("fencing-scope", "mine")])).unwrap(),
+            resolve_scope(&s, "/z", &headers(&[(FENCING_SCOPE, "mine")])).unwrap(),
             "mine"
         );
-        assert!(resolve_scope(&s, "/a/b", &headers(&[("fencing-scope", "mine")])).is_err());
-        assert!(resolve_scope(&s, "/z", &headers(&[("fencing-scope", "no spaces")])).is_err());
+        assert!(resolve_scope(&s, "/a/b", &headers(&[(FENCING_SCOPE, "mine")])).is_err());
+        assert!(resolve_scope(&s, "/z", &headers(&[(FENCING_SCOPE, "no spaces")])).is_err());
     }
 
+    /// Goal: with `client_scopes = false` a `Fencing-Scope` is refused, not ignored.
+    /// Method: resolve with and without the header.
     #[test]
     fn client_scopes_can_be_disabled() {
         let s = shared(vec![], false);
-        assert!(resolve_scope(&s, "/z", &headers(&[("fencing-scope", "mine")])).is_err());
+        assert!(resolve_scope(&s, "/z", &headers(&[(FENCING_SCOPE, "mine")])).is_err());
         assert_eq!(
             resolve_scope(&s, "/z", &headers(&[])).unwrap(),
             DEFAULT_SCOPE

@@ -141,7 +141,7 @@ impl HttpUpstream {
             .map_err(|_| busy())?;
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, self.client.request(request)).await;
-        m::hot()
+        m::hot_path_handles()
             .upstream_seconds
             .record(started.elapsed().as_secs_f64());
         let response = result
@@ -190,6 +190,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use palisade_protocol::headers::FENCING_TOKEN;
 
     #[test]
     fn hop_by_hop_headers_and_connection_named_ones_are_removed() {
@@ -200,9 +201,9 @@ mod tests {
         );
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        h.insert("fencing-token", HeaderValue::from_static("5"));
+        h.insert(FENCING_TOKEN, HeaderValue::from_static("5"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
-        assert_eq!(h["fencing-token"], "5");
+        assert_eq!(h[FENCING_TOKEN], "5");
     }
 }
