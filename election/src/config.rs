@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use palisade_protocol::{DEFAULT_SCOPE, Scope};
 use serde::{Deserialize, Serialize};
 
-/// Default tick period. The notes recommend 50-100 ms: short enough for a failover in about
-/// a second, long enough that a busy machine does not miss heartbeats.
+/// Default tick period. 50-100 ms is short enough for a failover in about a second, and
+/// long enough that a busy machine does not miss heartbeats.
 pub const TICK_MS_DEFAULT: u64 = 100;
 /// Lower bound on the tick period: below this, timer jitter dominates.
 pub const TICK_MS_MIN: u64 = 1;
@@ -19,7 +19,7 @@ pub const ELECTION_TICKS_DEFAULT: u64 = 10;
 /// Upper bound on the election timeout in ticks.
 pub const ELECTION_TICKS_MAX: u64 = 10_000;
 /// Default heartbeat interval in ticks. One tick keeps followers' election timers far from
-/// expiring even when one heartbeat is lost (the notes recommend 1-2).
+/// expiring even when one heartbeat is lost (1-2 ticks is the usual choice).
 pub const HEARTBEAT_TICKS_DEFAULT: u64 = 1;
 /// Most peers (voters, self included) a cluster may name.
 pub const PEERS_MAX: usize = 15;
@@ -279,8 +279,9 @@ mod tests {
         }
     }
 
-    /// Goal: defaults follow the notes: `check_quorum` and `pre_vote` on, 100 ms ticks, election
-    /// 10 ticks, heartbeat 1 tick. Method: validate the default with the required fields set.
+    /// Goal: the defaults are the safe ones: `check_quorum` and `pre_vote` on, 100 ms
+    /// ticks, election 10 ticks, heartbeat 1 tick.
+    /// Method: validate the default with the required fields set.
     #[test]
     fn defaults_are_valid_and_safe() {
         let cfg = valid();

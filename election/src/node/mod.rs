@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, info_span, warn};
 
 use palisade_protocol::Scope;
-use palisade_protocol::process::events;
+use palisade_protocol::process::{TEST_FAULTS_ENV, events};
 use palisade_storage::{RaftLog, RaftLogError};
 
 use crate::config::{ConfigError, NodeConfig};
@@ -178,7 +178,8 @@ async fn start(
     if faults.is_enabled() {
         warn!(
             node_id = id,
-            "test faults enabled (PALISADE_TEST_FAULTS): POST /v1/test/faults can drop or delay raft traffic"
+            env = TEST_FAULTS_ENV,
+            "test faults enabled: POST /v1/test/faults can drop or delay raft traffic"
         );
     }
     let (transport, peer_addr): (Box<dyn Transport>, Option<SocketAddr>) = match transport {

@@ -21,6 +21,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 pub use palisade_protocol::FaultSpec;
+use palisade_protocol::process::TEST_FAULTS_ENV;
 
 /// Longest delay a link may be given: a minute is far beyond any election timeout, so a
 /// larger value is certainly a mistake.
@@ -59,7 +60,7 @@ pub struct LinkFaults {
 #[non_exhaustive]
 pub enum FaultError {
     /// The node was not started with test faults.
-    #[error("test faults are disabled: start the node with PALISADE_TEST_FAULTS=1")]
+    #[error("test faults are disabled: start the node with {TEST_FAULTS_ENV}=1")]
     Disabled,
     /// A spec names a node that is not a peer of this one.
     #[error("node {id} is not a peer of node {me}")]
