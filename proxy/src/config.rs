@@ -314,6 +314,8 @@ impl Limits {
 mod tests {
     use super::*;
 
+    /// Goal: a proxy started with no file at all has a valid configuration.
+    /// Method: validate the defaults and read back the default addresses.
     #[test]
     fn defaults_are_valid() {
         let c = ProxyConfig::default();
@@ -322,6 +324,8 @@ mod tests {
         assert_eq!(c.admin_listen.to_string(), ADMIN_LISTEN_DEFAULT);
     }
 
+    /// Goal: a misspelt field is an error naming it, not silently ignored.
+    /// Method: parse TOML with `listn`.
     #[test]
     fn unknown_field_is_refused_by_name() {
         let err = toml::from_str::<ProxyConfig>("listn = \"127.0.0.1:1\"").unwrap_err();

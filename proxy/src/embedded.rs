@@ -144,6 +144,9 @@ async fn blocking<T: Send + 'static>(
 mod tests {
     use super::*;
 
+    /// Goal: `?list` asks for a listing, `limit` is clamped to the maximum, and other
+    /// queries are not listings.
+    /// Method: parse query strings.
     #[test]
     fn list_query_is_parsed() {
         assert_eq!(list_limit("list"), Some(LIST_KEYS_MAX));

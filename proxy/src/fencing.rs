@@ -229,6 +229,9 @@ mod tests {
         Arc::new(Fencer::new(register, Duration::from_millis(barrier_ms)))
     }
 
+    /// Goal: once a token is admitted a lower one is stale, an equal one passes without a
+    /// raise, and a scope with nothing in flight leaves no entry behind.
+    /// Method: admit 5, then 4 and 5, and inspect the in-flight map.
     #[tokio::test]
     async fn lower_token_is_rejected_after_higher_is_admitted() {
         let dir = tempfile::tempdir().unwrap();
@@ -255,6 +258,10 @@ mod tests {
         );
     }
 
+    /// Goal: a higher token waits at the barrier while a lower one is in flight, and
+    /// proceeds once it leaves; the fence moves at once all the same.
+    /// Method: hold token 1, admit 2 in a task; show that it has not finished after a
+    /// while (a negative check, so a fixed wait), then release 1 and await 2.
     #[tokio::test]
     async fn higher_token_waits_for_lower_in_flight_then_proceeds() {
         let dir = tempfile::tempdir().unwrap();
@@ -279,6 +286,9 @@ mod tests {
         assert!(raised);
     }
 
+    /// Goal: past the barrier timeout a waiting request fails with `BarrierTimeout` and
+    /// leaves the in-flight set.
+    /// Method: hold token 1 with a 50 ms barrier, admit 2.
     #[tokio::test]
     async fn barrier_deadline_answers_unavailable() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,6 @@
-//! Accepting connections: TLS, HTTP/1.1 and h2c, the connection limit, timeouts on
-//! request heads, and graceful shutdown.
+//! Accepting the data path's connections: TLS, HTTP/1.1 and h2c, the connection limit,
+//! timeouts on request heads, and graceful shutdown. The admin API is served by the
+//! protocol crate's control-plane accept loop instead (see `admin`).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -41,7 +42,7 @@ impl Peer {
 /// How one listener treats its connections.
 #[derive(Clone)]
 pub(crate) struct ListenerSettings {
-    /// Name in logs ("client", "admin").
+    /// Name in logs and in the connections gauge (`client`).
     pub name: &'static str,
     pub connections_max: usize,
     pub header_read_timeout: Duration,

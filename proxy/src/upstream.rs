@@ -192,6 +192,9 @@ mod tests {
     use http::HeaderValue;
     use palisade_protocol::headers::FENCING_TOKEN;
 
+    /// Goal: hop-by-hop headers, and headers named by `Connection`, are never forwarded;
+    /// the fencing token is.
+    /// Method: strip a header map holding both kinds.
     #[test]
     fn hop_by_hop_headers_and_connection_named_ones_are_removed() {
         let mut h = HeaderMap::new();
