@@ -82,17 +82,19 @@ async fn three_nodes_over_tcp_elect_a_leader_the_api_reports() {
         .leadership()
         .borrow()
         .term;
-    // Followers learn the leader from its next heartbeat; poll each with a deadline.
+    // Followers learn the leader from its next heartbeat: long-poll each until it shows
+    // that leader, within a deadline.
     for node in &nodes {
         let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+        let mut path = "/v1/leader".to_owned();
         let view = loop {
-            let (status, body) = get(node, "/v1/leader").await;
+            let (status, body) = get(node, &path).await;
             assert_eq!(status, 200, "{body}");
             let view: LeaderView = serde_json::from_str(&body).unwrap();
             if view.leader_id == Some(leader) || tokio::time::Instant::now() > deadline {
                 break view;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            path = format!("/v1/leader?after_term={}&timeout_ms=1000", view.term);
         };
         assert_eq!(view.leader_id, Some(leader), "{view:?}");
         assert_eq!(view.term, term, "{view:?}");
