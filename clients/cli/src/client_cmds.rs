@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::Args;
 use palisade_client::{
     ClientError, FencedClient, FencedResponse, LeaderView, NodeApi, ProxyAdmin, Role, StaticToken,
+    backoff,
 };
 use palisade_protocol::DEFAULT_SCOPE;
 use serde_json::{Value, json};
@@ -23,8 +24,11 @@ use crate::Failure;
 const INPUT_BYTES_MAX: u64 = 64 * 1024 * 1024;
 /// How long each `leader --watch` long poll asks the node to wait.
 const WATCH_WAIT_MS: u64 = 10_000;
-/// Longest pause between two attempts to reach an unreachable node in `leader --watch`.
-const WATCH_RETRY_MS: u64 = 1_000;
+/// First pause before trying an unreachable node again in `leader --watch`.
+const WATCH_RETRY_MIN_MS: u64 = 100;
+/// Longest pause (before jitter) between two attempts to reach an unreachable node in
+/// `leader --watch`: a node that comes back is shown within about a second.
+const WATCH_RETRY_MAX_MS: u64 = 500;
 
 /// Where the proxy is, and how to talk to it.
 #[derive(Args)]
@@ -237,6 +241,13 @@ pub(crate) async fn leader(args: LeaderArgs) -> Result<(), Failure> {
 async fn watch(api: &NodeApi, first: LeaderView, json: bool) -> Result<(), Failure> {
     let mut last = first;
     let mut unreachable = false;
+    let reconnect = || {
+        backoff::delays(
+            Duration::from_millis(WATCH_RETRY_MIN_MS),
+            Duration::from_millis(WATCH_RETRY_MAX_MS),
+        )
+    };
+    let mut delays = reconnect();
     loop {
         match api
             .leader_after(last.term, Duration::from_millis(WATCH_WAIT_MS))
@@ -246,6 +257,7 @@ async fn watch(api: &NodeApi, first: LeaderView, json: bool) -> Result<(), Failu
                 if unreachable {
                     eprintln!("palisade: node {} answers again", api.url());
                     unreachable = false;
+                    delays = reconnect();
                 }
                 if view != last {
                     print_leader(&view, json)?;
@@ -257,11 +269,15 @@ async fn watch(api: &NodeApi, first: LeaderView, json: bool) -> Result<(), Failu
                     eprintln!("palisade: {e}; retrying");
                     unreachable = true;
                 }
-                tokio::time::sleep(Duration::from_millis(WATCH_RETRY_MS)).await;
+                let delay = delays
+                    .next()
+                    .unwrap_or(Duration::from_millis(WATCH_RETRY_MAX_MS));
+                tokio::time::sleep(delay).await;
                 // Start over with a plain read so a node that restarted is shown at once.
                 if let Ok(view) = api.leader().await {
                     eprintln!("palisade: node {} answers again", api.url());
                     unreachable = false;
+                    delays = reconnect();
                     if view != last {
                         print_leader(&view, json)?;
                         last = view;

@@ -27,8 +27,6 @@ use palisade_election::{ConfigError, Node, NodeConfig, NodeError, StartError};
 use palisade_protocol::process::{NodeReady, TEST_FAULTS_ENV};
 use serde::Deserialize;
 
-/// The environment variable that enables the node API's test-fault route:
-
 /// Flags of `palisade node`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct NodeArgs {

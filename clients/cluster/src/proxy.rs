@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use std::time::Duration;
 
-use palisade_client::ProxyAdmin;
+use palisade_client::{ProxyAdmin, backoff};
 use palisade_protocol::process::ProxyReady;
 
 use crate::process::{ChildGuard, Launch, Lines, spawn_until};
@@ -17,7 +17,12 @@ pub const ADMIN_QUERY_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Attempts to start a restarted proxy on its old ports: right after a `kill -9` the
 /// kernel may still hold a port for a moment.
-const RESTART_ATTEMPTS: u32 = 20;
+const RESTART_ATTEMPTS: usize = 20;
+/// First wait before starting a restarted proxy again on ports still held.
+const RESTART_BACKOFF_MIN_MS: u64 = 50;
+/// Longest wait (before jitter) between two such attempts; with 20 attempts they span
+/// several seconds, far longer than the kernel holds a port of a killed process.
+const RESTART_BACKOFF_MAX_MS: u64 = 400;
 
 /// A running `palisade proxy`.
 pub struct ProxyProcess {
@@ -118,16 +123,20 @@ impl ProxyProcess {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        let mut attempt = 0;
+        let mut delays = backoff::delays(
+            Duration::from_millis(RESTART_BACKOFF_MIN_MS),
+            Duration::from_millis(RESTART_BACKOFF_MAX_MS),
+        )
+        .take(RESTART_ATTEMPTS - 1);
         let (guard, addr, admin, lines) = loop {
-            attempt += 1;
             match Self::spawn(&self.dir, &launch) {
                 Ok(started) => break started,
                 // The old ports may still be held for a moment after the kill.
                 Err(ClusterError::NotReady { log_tail, .. })
-                    if attempt < RESTART_ATTEMPTS && log_tail.contains("ddress already in use") =>
+                    if log_tail.contains("ddress already in use")
+                        && let Some(delay) = delays.next() =>
                 {
-                    std::thread::sleep(crate::wait::POLL * 5);
+                    std::thread::sleep(delay);
                 }
                 Err(e) => return Err(e),
             }
