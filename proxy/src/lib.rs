@@ -57,9 +57,6 @@ use tokio::task::JoinSet;
 pub use config::{ConfigError, Limits, ProxyConfig, Route, TlsConfig};
 pub use embedded::LIST_KEYS_MAX;
 pub use error::{Cause, ProxyError};
-/// The header names, defined in `palisade-protocol`; re-exported for callers that name
-/// them through this crate.
-pub use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN};
 pub use tls::TlsError;
 
 use crate::fencing::Fencer;
