@@ -31,6 +31,8 @@ __all__ = [
     "FENCING_SCOPE",
     "FENCING_TOKEN",
     "FENCING_TOKEN_CURRENT",
+    "FENCING_TOKEN_PROOF",
+    "SCOPE_BYTES_MAX",
     "Fenced",
     "FencedClient",
     "HTTPError",
@@ -43,6 +45,8 @@ __all__ = [
     "StaticToken",
     "TokenSource",
     "Unreachable",
+    "parse_token",
+    "valid_scope",
 ]
 
 #: Request header carrying the fencing token (fixed by the contract).
@@ -51,6 +55,18 @@ FENCING_TOKEN = "Fencing-Token"
 FENCING_SCOPE = "Fencing-Scope"
 #: Response header with the scope's fence on a rejection (fixed by the contract).
 FENCING_TOKEN_CURRENT = "Fencing-Token-Current"
+#: Header with the signature that proves a token was issued by the cluster (fixed by the
+#: contract; this client does not use it yet).
+FENCING_TOKEN_PROOF = "Fencing-Token-Proof"
+
+#: Longest scope name, in bytes: 1 to 128 of ``[A-Za-z0-9._-]``. This copy of the rule, and
+#: the header names above, are checked against ``protocol/cases.json`` by
+#: ``tests/test_cases.py``; the Rust definitions are checked against the same table.
+SCOPE_BYTES_MAX = 128
+#: Digits in the largest token (2**64 - 1): a longer string is refused, leading zeros
+#: included, as the proxy refuses it.
+_TOKEN_DIGITS_MAX = 20
+_TOKEN_MAX = 2**64 - 1
 
 #: Default limit, in seconds, on one request from connecting to the whole answer. Above
 #: the proxy's default barrier wait (5 s), so that a barrier 503 is seen as such.
@@ -214,7 +230,7 @@ class Response:
     def stored_token(self) -> Optional[int]:
         """The ``Fencing-Token`` of the answer: the embedded store's writer token."""
         value = self.headers.get(FENCING_TOKEN.lower())
-        return int(value) if value is not None and value.isdigit() else None
+        return parse_token(value) if value is not None else None
 
     def text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
@@ -239,7 +255,7 @@ class FencedClient:
     ):
         self._base = _Base(proxy_url)
         self.source = StaticToken(token_source) if isinstance(token_source, int) else token_source
-        if scope is not None and not _valid_scope(scope):
+        if scope is not None and not valid_scope(scope):
             raise ValueError(f"scope {scope!r}: a scope is 1-128 of [A-Za-z0-9._-]")
         self.scope = scope
         self.timeout = timeout
@@ -348,7 +364,7 @@ def _fenced(headers, body, presented: int, scope: str) -> Optional[Fenced]:
     current = problem.get("current")
     header = headers.get(FENCING_TOKEN_CURRENT.lower())
     if not isinstance(current, int):
-        current = int(header) if header is not None and header.strip().isdigit() else None
+        current = parse_token(header) if header is not None else None
     if current is None:
         return None
     presented = problem.get("presented", presented)
@@ -366,5 +382,20 @@ def _detail(status: int, body: bytes) -> str:
     return text or http.client.responses.get(status, "error")
 
 
-def _valid_scope(scope: str) -> bool:
-    return 1 <= len(scope) <= 128 and all(c.isascii() and (c.isalnum() or c in "._-") for c in scope)
+def valid_scope(scope: str) -> bool:
+    """Whether ``scope`` is a scope name: 1 to ``SCOPE_BYTES_MAX`` of ``[A-Za-z0-9._-]``."""
+    return 1 <= len(scope.encode("utf-8")) <= SCOPE_BYTES_MAX and all(
+        c.isascii() and (c.isalnum() or c in "._-") for c in scope
+    )
+
+
+def parse_token(text: str) -> Optional[int]:
+    """A ``Fencing-Token`` value: decimal ASCII digits (surrounding spaces allowed), at most
+    2**64 - 1; ``None`` for anything else (signs, hex, exponents, overflow), never a guess."""
+    text = text.strip()
+    if not text or len(text) > _TOKEN_DIGITS_MAX:
+        return None
+    if not all(c in "0123456789" for c in text):
+        return None
+    value = int(text)
+    return value if value <= _TOKEN_MAX else None
