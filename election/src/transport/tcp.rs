@@ -155,9 +155,9 @@ pub(crate) async fn start(
 /// The sending half of a peer connection: frames out, each behind its length.
 type FrameWriter = FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>;
 
-/// The peer links' framing: a u32 big-endian length before each frame, and frames of at
-/// most `max` bytes. A longer frame is refused, on either side, with an `InvalidData`
-/// error that ends the connection.
+/// The peer links' framing: a u32 big-endian length before each frame of at most `max`
+/// bytes. A longer frame ends the connection: read, from its length alone (`InvalidData`);
+/// written, before anything is sent (`InvalidInput`).
 fn peer_codec(max: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .length_field_type::<u32>()
@@ -385,7 +385,9 @@ async fn run_listener(
         };
         readers.spawn(
             async move {
-                if let Err(err) = read_connection(stream, &ctx).await {
+                // This side never writes, so a failure to set no-delay changes nothing.
+                let _ = stream.set_nodelay(true);
+                if let Err(err) = read_frames(stream, &ctx).await {
                     info!(%remote, cause = %err, "peer connection closed");
                 }
                 drop(permit);
@@ -403,11 +405,6 @@ struct ReaderCtx {
     faults: Arc<LinkFaults>,
     shutdown: CancellationToken,
     current: Current,
-}
-
-async fn read_connection(stream: TcpStream, ctx: &ReaderCtx) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    read_frames(stream, ctx).await
 }
 
 /// Reads one inbound connection: the handshake (at most [`HELLO_BYTES_MAX`] bytes, within
