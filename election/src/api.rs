@@ -79,6 +79,12 @@ impl ApiState {
         problem.with_node(self.node_id, leader_id)
     }
 
+    /// The problem that answers a failed transfer from this node.
+    fn transfer_problem(&self, err: &TransferError) -> Problem {
+        let known_leader = self.leadership.borrow().leader_id;
+        transfer_problem(self.node_id, known_leader, err)
+    }
+
     fn view(&self, l: &Leadership) -> LeaderView {
         LeaderView {
             node_id: self.node_id,
@@ -172,7 +178,7 @@ async fn transfer(
     let outcome = state.commands.transfer(Some(request.to)).await;
     outcome
         .map(ApiJson)
-        .map_err(|err| transfer_problem(state.node_id, &err))
+        .map_err(|err| state.transfer_problem(&err))
 }
 
 /// `POST /v1/resign`.
@@ -180,7 +186,7 @@ async fn resign(State(state): State<Shared>) -> Result<ApiJson<Transferred>, Pro
     let outcome = state.commands.transfer(None).await;
     outcome
         .map(ApiJson)
-        .map_err(|err| transfer_problem(state.node_id, &err))
+        .map_err(|err| state.transfer_problem(&err))
 }
 
 /// `GET /metrics`.
@@ -239,8 +245,8 @@ async fn set_faults(
 }
 
 /// The problem that answers a failed transfer or resignation: its status, kind and title,
-/// and the leader to retry at when the error knows one.
-fn transfer_problem(node_id: u64, err: &TransferError) -> Problem {
+/// and the leader to retry at (the one the error names, else the one this node knows).
+fn transfer_problem(node_id: u64, known_leader: Option<u64>, err: &TransferError) -> Problem {
     let (status, kind, title, leader_id) = match err {
         TransferError::NotLeader { leader_id } => (
             StatusCode::CONFLICT,
@@ -287,7 +293,7 @@ fn transfer_problem(node_id: u64, err: &TransferError) -> Problem {
     };
     Problem::new(status, kind, err.to_string())
         .with_title(title)
-        .with_node(node_id, leader_id)
+        .with_node(node_id, leader_id.or(known_leader))
 }
 
 #[cfg(test)]
@@ -533,17 +539,17 @@ mod tests {
     }
 
     /// Goal: each transfer error maps to its status and kind, and names the leader to
-    /// retry at when it knows one.
-    /// Method: map a not-leader and a superseded error.
+    /// retry at: the error's own when it has one, else the one the node knows.
+    /// Method: map a not-leader and a timed-out error.
     #[test]
     fn transfer_errors_map_to_problems() {
-        let p = transfer_problem(1, &TransferError::NotLeader { leader_id: Some(3) });
+        let p = transfer_problem(1, Some(2), &TransferError::NotLeader { leader_id: Some(3) });
         assert_eq!((p.status, p.kind()), (409, "not-leader"));
         assert_eq!((p.node_id, p.leader_id), (Some(1), Some(3)));
-        let p = transfer_problem(1, &TransferError::TimedOut { to: 2, ticks: 30 });
+        let p = transfer_problem(1, Some(2), &TransferError::TimedOut { to: 2, ticks: 30 });
         assert_eq!(
             (p.status, p.kind(), p.leader_id),
-            (504, "transfer-timeout", None)
+            (504, "transfer-timeout", Some(2))
         );
         assert!(p.detail.contains("30 ticks"), "{}", p.detail);
     }
