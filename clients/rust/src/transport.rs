@@ -355,17 +355,23 @@ fn classify(error: &reqwest::Error) -> Failure {
 fn is_tls_error(error: &(dyn StdError + 'static)) -> bool {
     let mut current: Option<&(dyn StdError + 'static)> = Some(error);
     while let Some(e) = current {
-        if e.downcast_ref::<rustls::Error>().is_some() {
-            return true;
-        }
-        // `io::Error` does not list the error it wraps among its sources.
-        if let Some(io) = e.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-            && inner.downcast_ref::<rustls::Error>().is_some()
-        {
+        if is_rustls(e) {
             return true;
         }
         current = e.source();
+    }
+    false
+}
+
+/// Whether `e` is a rustls error, possibly inside `io::Error`s (the TLS stream and the
+/// connector each wrap it in one), which do not list the error they wrap among their
+/// sources.
+fn is_rustls(e: &(dyn StdError + 'static)) -> bool {
+    if e.downcast_ref::<rustls::Error>().is_some() {
+        return true;
+    }
+    if let Some(io) = e.downcast_ref::<std::io::Error>() {
+        return io.get_ref().is_some_and(|inner| is_rustls(inner));
     }
     false
 }

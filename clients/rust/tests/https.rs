@@ -1,0 +1,120 @@
+//! The Rust client speaks https: a proxy started in-process with a TLS listener whose
+//! certificate is issued by a throwaway CA (rcgen, for 127.0.0.1 and localhost), and a
+//! `FencedClient` that trusts that CA, or does not.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap: a failed step panics with its cause.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use palisade_client::{ClientError, ClientTls, FencedClient, StaticToken, StatusCode};
+use palisade_proxy::{ProxyConfig, ProxyHandle, TlsConfig};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+
+/// A CA and a server certificate it issued for 127.0.0.1 and localhost, as PEM files in
+/// `dir`: `ca.pem`, `server.pem`, `server.key`.
+fn write_certificates(dir: &Path) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .unwrap()
+        .signed_by(&server_key, &ca, &ca_key)
+        .unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.join("server.pem"), server.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
+}
+
+/// A proxy with its embedded store, listening with TLS on a free loopback port.
+async fn tls_proxy(dir: &Path) -> ProxyHandle {
+    write_certificates(dir);
+    let config = ProxyConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.join("data"),
+        tls: Some(TlsConfig {
+            cert: dir.join("server.pem"),
+            key: dir.join("server.key"),
+        }),
+        ..ProxyConfig::default()
+    };
+    palisade_proxy::start(config).await.unwrap()
+}
+
+fn client(url: &str, tls: ClientTls) -> FencedClient {
+    FencedClient::builder(url, Arc::new(StaticToken::new(3)))
+        .tls(tls)
+        .retries(0)
+        .build()
+        .unwrap()
+}
+
+/// Goal: with the proxy's CA trusted, a fenced PUT and a GET succeed over https, and the
+/// store records the token the PUT carried.
+/// Method: in-process proxy with a TLS listener; PUT with token 3, GET it back, read
+/// `Fencing-Token` of the stored object.
+#[tokio::test]
+async fn fenced_put_and_get_over_https_with_the_ca_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = tls_proxy(dir.path()).await;
+    let tls = ClientTls::new()
+        .trust_pem_file(dir.path().join("ca.pem"))
+        .unwrap();
+    for host in ["127.0.0.1", "localhost"] {
+        let url = format!("https://{host}:{}", proxy.listen.port());
+        let client = client(&url, tls.clone());
+        let key = format!("charges/{host}");
+        let put = client.put(&key, "4200 cents").await.unwrap();
+        assert!(put.status.is_success(), "{}", put.status);
+        assert_eq!(put.sent_token, Some(3));
+        let got = client.get(&key).await.unwrap();
+        assert_eq!(got.text(), "4200 cents");
+        assert_eq!(
+            got.stored_token(),
+            Some(3),
+            "the store records the writer's token"
+        );
+    }
+    proxy.shutdown();
+}
+
+/// Goal: without the proxy's CA, the client refuses the server's certificate with a TLS
+/// error that says so, and nothing is written.
+/// Method: PUT through a client with the system's roots only; then read the key through a
+/// client that trusts the CA and expect 404.
+#[tokio::test]
+async fn untrusted_certificate_is_a_clear_tls_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = tls_proxy(dir.path()).await;
+    let url = format!("https://127.0.0.1:{}", proxy.listen.port());
+
+    let err = client(&url, ClientTls::new())
+        .put("charges/untrusted", "x")
+        .await
+        .unwrap_err();
+    let ClientError::Tls { reason, .. } = &err else {
+        panic!("expected a TLS error, got {err:?}");
+    };
+    assert!(
+        reason.contains("certificate"),
+        "the reason names the certificate problem: {reason}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("TLS error with https://127.0.0.1:"),
+        "{err}"
+    );
+
+    let trusted = client(
+        &url,
+        ClientTls::new()
+            .trust_pem_file(dir.path().join("ca.pem"))
+            .unwrap(),
+    );
+    let missing = trusted.get("charges/untrusted").await.unwrap_err();
+    assert_eq!(missing.status(), Some(StatusCode::NOT_FOUND), "{missing}");
+    proxy.shutdown();
+}
