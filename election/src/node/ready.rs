@@ -27,22 +27,30 @@ use crate::transport::{Delivery, Transport};
 
 /// The election loop's state. Owned by one task.
 pub(super) struct ElectionLoop {
+    /// This node's raft id.
     pub(super) id: u64,
+    /// raft's state machine; only this task touches it, so it needs no lock.
     pub(super) raw_node: RawNode<RaftLog>,
     /// A handle on the same log the `RawNode` reads, for writes from blocking tasks.
     pub(super) log: RaftLog,
+    /// Where outgoing raft messages go (TCP, or the in-memory test network).
     pub(super) transport: Box<dyn Transport>,
+    /// Peer messages, transfer requests and the announcer's reports.
     pub(super) inbox: mpsc::Receiver<Msg>,
+    /// The published leadership; this loop is its only writer.
     pub(super) leadership: watch::Sender<Leadership>,
     pub(super) metrics: NodeMetrics,
     /// No `--announce` proxies: a token counts as announced once established.
     pub(super) no_proxies: bool,
+    /// Transfers waiting for their outcome.
     pub(super) transfers: Vec<PendingTransfer>,
     /// Peers a message could not be queued for since the last report.
     pub(super) unreachable: BTreeSet<u64>,
     /// Peers a snapshot could not be queued for since the last report.
     pub(super) snapshot_failed: BTreeSet<u64>,
+    /// A transfer's deadline in ticks.
     pub(super) transfer_ticks: u64,
+    /// Cancelled when the node stops.
     pub(super) shutdown: CancellationToken,
 }
 
