@@ -389,3 +389,28 @@ impl Lines {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Tests may unwrap: a failed step panics with its cause.
+
+    use super::*;
+
+    /// Goal: an explicitly named binary wins over every other source, and a missing one is
+    /// an error naming its path rather than a guess elsewhere.
+    /// Method: name a path that does not exist, then this test executable (a file that
+    /// does); read `palisade_bin` after each. This is the only test here that sets the
+    /// process-wide path.
+    #[test]
+    fn explicit_binary_wins_and_a_missing_one_is_named() {
+        let missing = std::env::temp_dir().join("no-such-dir-for-palisade/palisade");
+        set_palisade_bin(&missing);
+        match palisade_bin() {
+            Err(ClusterError::MissingBinary(path)) => assert_eq!(path, missing),
+            other => panic!("expected MissingBinary, got {other:?}"),
+        }
+        let existing = std::env::current_exe().unwrap();
+        set_palisade_bin(&existing);
+        assert_eq!(palisade_bin().unwrap(), existing);
+    }
+}
