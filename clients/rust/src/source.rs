@@ -161,6 +161,8 @@ impl TokenSource for StaticToken {
 mod tests {
     use super::*;
 
+    /// Goal: a static token leads until a proxy reports a higher fence, and never again
+    /// after, even if a lower fence is reported later. Method: mark fences 3, 5, 4.
     #[tokio::test]
     async fn static_token_leads_until_fenced_and_never_again() {
         let source = StaticToken::new(3);
@@ -183,6 +185,7 @@ mod tests {
         );
     }
 
+    /// Goal: a floor takes away only tokens below it. Method: apply floors 7 and 8.
     #[test]
     fn floor_removes_only_lower_tokens() {
         let l = Leadership::leader(7, 7, Some(1));

@@ -173,9 +173,10 @@ async fn seen(source: &NodeApiSource, what: &str, check: impl Fn(&Leadership) ->
     }
 }
 
-/// A follower has no token; a leader that becomes established gets its token although
-/// neither term nor role changes; losing the leadership is seen long before the long
-/// poll's wait ends, because the node answers the long poll at once.
+/// Goal: a follower has no token; a leader that becomes established gets its token
+/// although neither term nor role changes; losing the leadership is seen long before the
+/// long poll's wait ends, because the node answers the long poll at once.
+/// Method: script a node through follower, establishing, leader, follower.
 #[tokio::test]
 async fn source_follows_election_establishment_and_loss() {
     let node = FakeNode::start(follower(1)).await;
@@ -212,8 +213,9 @@ async fn source_follows_election_establishment_and_loss() {
     );
 }
 
-/// A node that refuses connections, or accepts them and never answers (paused), is "not
-/// leader" for the source; it leads again once the node answers.
+/// Goal: a node that refuses connections, or accepts them and never answers (paused), is
+/// "not leader" for the source; it leads again once the node answers.
+/// Method: hang the scripted node, resume it, then stop it.
 #[tokio::test]
 async fn unreachable_or_paused_node_counts_as_not_leader() {
     let mut node = FakeNode::start(leader(4, Some(4))).await;
@@ -245,8 +247,9 @@ async fn unreachable_or_paused_node_counts_as_not_leader() {
     assert_eq!(source.current().await.term, 4, "the last term is kept");
 }
 
-/// After a proxy reports fence 6, the node's token 4 is no longer offered, even though
-/// the node still says it leads; a later term's token 6 is.
+/// Goal: after a proxy reports fence 6, the node's token 4 is no longer offered, even
+/// though the node still says it leads; a later term's token 6 is.
+/// Method: mark the source at 6, then move the scripted node to term 6.
 #[tokio::test]
 async fn marked_source_waits_for_a_token_at_the_fence() {
     let node = FakeNode::start(leader(4, Some(4))).await;
@@ -266,8 +269,8 @@ async fn marked_source_waits_for_a_token_at_the_fence() {
     assert_eq!(led.write_token(), Some(6));
 }
 
-/// A source pointed at nothing reports "not leader" after its first failed attempt
-/// rather than blocking.
+/// Goal: a source pointed at nothing reports "not leader" after its first failed attempt
+/// rather than blocking. Method: a closed port, and a deadline on `current`.
 #[tokio::test]
 async fn source_without_a_node_reports_not_leader() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

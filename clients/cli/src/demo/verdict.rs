@@ -160,6 +160,8 @@ mod tests {
         }
     }
 
+    /// Goal: a failover where the stale write was rejected passes the verdict.
+    /// Method: a clean history and ledger, checked.
     #[test]
     fn a_clean_failover_holds() {
         let ledger = [
@@ -181,6 +183,8 @@ mod tests {
         assert_eq!(v.report.ops(), 4);
     }
 
+    /// Goal: a stale write that landed after the new token's is a violation.
+    /// Method: a ledger with token 2 after token 3, checked.
     #[test]
     fn a_stale_write_after_the_new_token_is_caught() {
         let ledger = [
@@ -215,6 +219,8 @@ mod tests {
         );
     }
 
+    /// Goal: an acknowledged write missing from the ledger, and a rejected one present in
+    /// it, are both violations. Method: such a history and ledger, checked.
     #[test]
     fn lost_and_rejected_but_applied_writes_are_caught() {
         let ledger = [entry("w1", 1, 2, 1), entry("w1", 3, 2, 2)];
@@ -242,6 +248,8 @@ mod tests {
         );
     }
 
+    /// Goal: a run in which no stale write was rejected does not pass: it showed nothing.
+    /// Method: a history without a rejection, checked.
     #[test]
     fn no_rejection_seen_means_the_demo_did_not_show_fencing() {
         let ledger = [entry("w1", 1, 2, 1), entry("w2", 1, 3, 2)];
@@ -253,6 +261,8 @@ mod tests {
         assert!(!v.holds());
     }
 
+    /// Goal: ledger keys are read back into writer and job number.
+    /// Method: parse one key.
     #[test]
     fn keys_name_their_writer_and_job() {
         let a = entry("w12", 7, 4, 1).applied();
