@@ -5,13 +5,15 @@
 //! These tests also make `cargo test --workspace` build the `palisade` binary, which the
 //! `palisade-tests` crate runs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap: a failed step panics with its cause.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use palisade_protocol::process::ProxyReady;
 
 /// Longest the proxy may take to print its listening line.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,24 +45,22 @@ impl Proxy {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.starts_with("palisade proxy listening on") {
-                    let _ = tx.send(line);
+                if let Some(ready) = ProxyReady::parse(&line) {
+                    let _ = tx.send(ready);
                 }
             }
         });
-        let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_else(|_| {
+        let ready = rx.recv_timeout(START_TIMEOUT).unwrap_or_else(|_| {
             let _ = child.kill();
             panic!(
                 "proxy did not start; its log:\n{}",
                 std::fs::read_to_string(dir.join("proxy.log")).unwrap_or_default()
             )
         });
-        // "palisade proxy listening on ADDR (admin ADDR)"
-        let words: Vec<&str> = line.split_whitespace().collect();
         Self {
             child,
-            url: format!("http://{}", words[4]),
-            admin: format!("http://{}", words[6].trim_end_matches(')')),
+            url: format!("http://{}", ready.listen),
+            admin: format!("http://{}", ready.admin),
         }
     }
 }
@@ -105,8 +105,9 @@ fn assert_exit(output: &Output, code: i32) {
     );
 }
 
-/// `put` stores a body with the token; `get` prints it back byte for byte; `delete`
-/// removes it, after which `get` exits 1.
+/// Goal: `put` stores a body with the token; `get` prints it back byte for byte;
+/// `delete` removes it, after which `get` exits 1.
+/// Method: run the three commands against a real proxy and check output and exit codes.
 #[test]
 fn put_get_delete_round_trip() {
     let dir = tempfile::tempdir().unwrap();
@@ -159,7 +160,8 @@ fn put_get_delete_round_trip() {
     assert!(stderr(&gone).contains("404"), "{}", stderr(&gone));
 }
 
-/// A put with a token below the fence exits 1 and says so, with the numbers.
+/// Goal: a put with a token below the fence exits 1 and says so, with the numbers.
+/// Method: put with token 5, then with 4.
 #[test]
 fn stale_put_exits_1_with_the_rejection() {
     let dir = tempfile::tempdir().unwrap();
@@ -189,8 +191,8 @@ fn stale_put_exits_1_with_the_rejection() {
     );
 }
 
-/// `fence` reads one scope, lists all, advances one, and reports an advance below the
-/// fence as a rejection (exit 1).
+/// Goal: `fence` reads one scope, lists all, advances one, and reports an advance below
+/// the fence as a rejection (exit 1). Method: run each form against a real proxy.
 #[test]
 fn fence_reads_lists_and_advances() {
     let dir = tempfile::tempdir().unwrap();
@@ -238,7 +240,8 @@ fn fence_reads_lists_and_advances() {
     );
 }
 
-/// `--json` output parses, on success and on rejection.
+/// Goal: `--json` output parses, on success and on rejection.
+/// Method: parse the stdout of put, get and fence with `--json`, and of a stale put.
 #[test]
 fn json_output_parses() {
     let dir = tempfile::tempdir().unwrap();
@@ -295,7 +298,8 @@ fn json_output_parses() {
     assert_eq!(stale["scope"], "jobs");
 }
 
-/// Bad flags and bad values exit 2 with a message; no proxy is needed to tell.
+/// Goal: bad flags and bad values exit 2 with a message; no proxy is needed to tell.
+/// Method: run commands with bad arguments and no proxy.
 #[test]
 fn bad_flags_exit_2() {
     let cases: &[&[&str]] = &[
@@ -343,7 +347,8 @@ fn bad_flags_exit_2() {
     }
 }
 
-/// Runtime failures exit 1: a proxy or node that is not there.
+/// Goal: runtime failures exit 1: a proxy or node that is not there.
+/// Method: point the commands at a closed port.
 #[test]
 fn unreachable_services_exit_1() {
     // A port that was free a moment ago: connections are refused.

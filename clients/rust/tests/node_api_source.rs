@@ -2,7 +2,7 @@
 //! `GET /v1/leader` with the long poll as the contract describes, so these tests do not
 //! depend on a real raft group.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap (STYLE rule 3).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap: a failed step panics with its cause.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
