@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use clap::Args;
 use palisade_client::{
-    ClientError, FencedClient, FencedResponse, LeaderView, NodeApi, ProxyAdmin, Role, StaticToken,
-    backoff,
+    ClientError, ClientTls, FencedClient, FencedResponse, LeaderView, NodeApi, ProxyAdmin, Role,
+    StaticToken, backoff,
 };
 use palisade_protocol::DEFAULT_SCOPE;
 use serde_json::{Value, json};
@@ -43,6 +43,9 @@ pub(crate) struct ProxyFlags {
     /// Limit on each attempt, in milliseconds.
     #[arg(long, default_value_t = palisade_client::REQUEST_TIMEOUT_MS)]
     timeout_ms: u64,
+    /// For an https:// URL: also trust the CA certificates in this PEM file.
+    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
+    ca_file: Option<PathBuf>,
     /// Print JSON instead of a human-readable line.
     #[arg(long)]
     json: bool,
@@ -106,6 +109,9 @@ pub(crate) struct FenceArgs {
     /// Base URL of the proxy's admin API.
     #[arg(long, env = "PALISADE_ADMIN", default_value = "http://127.0.0.1:8081")]
     admin: String,
+    /// For an https:// URL: also trust the CA certificates in this PEM file.
+    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
+    ca_file: Option<PathBuf>,
     /// Print JSON instead of human-readable lines.
     #[arg(long)]
     json: bool,
@@ -117,6 +123,9 @@ pub(crate) struct LeaderArgs {
     /// Base URL of the node's HTTP API.
     #[arg(long, env = "PALISADE_NODE")]
     node: String,
+    /// For an https:// URL: also trust the CA certificates in this PEM file.
+    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
+    ca_file: Option<PathBuf>,
     /// Keep watching (long poll) and print each change, until interrupted.
     #[arg(long)]
     watch: bool,
@@ -174,7 +183,8 @@ pub(crate) async fn delete(args: DeleteArgs) -> Result<(), Failure> {
 
 /// `palisade fence`.
 pub(crate) async fn fence(args: FenceArgs) -> Result<(), Failure> {
-    let admin = ProxyAdmin::new(&args.admin).map_err(|e| usage_or_runtime(&e))?;
+    let tls = client_tls(args.ca_file.as_deref())?;
+    let admin = ProxyAdmin::with_tls(&args.admin, &tls).map_err(|e| usage_or_runtime(&e))?;
     match (args.scope, args.advance) {
         (None, None) => {
             let list = admin
@@ -222,7 +232,8 @@ pub(crate) async fn fence(args: FenceArgs) -> Result<(), Failure> {
 
 /// `palisade leader`.
 pub(crate) async fn leader(args: LeaderArgs) -> Result<(), Failure> {
-    let api = NodeApi::new(&args.node).map_err(|e| usage_or_runtime(&e))?;
+    let tls = client_tls(args.ca_file.as_deref())?;
+    let api = NodeApi::with_tls(&args.node, &tls).map_err(|e| usage_or_runtime(&e))?;
     let first = api
         .leader()
         .await
@@ -325,11 +336,23 @@ fn fenced_client(flags: &ProxyFlags, token: Option<u64>) -> Result<FencedClient,
     let source = Arc::new(StaticToken::new(token.unwrap_or(0)));
     let mut builder = FencedClient::builder(&flags.proxy, source)
         .request_timeout(Duration::from_millis(flags.timeout_ms))
-        .fence_reads(token.is_some());
+        .fence_reads(token.is_some())
+        .tls(client_tls(flags.ca_file.as_deref())?);
     if let Some(scope) = &flags.scope {
         builder = builder.scope(scope.clone());
     }
     builder.build().map_err(|e| usage_or_runtime(&e))
+}
+
+/// TLS settings with the CA file of `--ca-file`, if one was given; a file that cannot be
+/// read or holds no certificate is a usage error.
+fn client_tls(ca_file: Option<&std::path::Path>) -> Result<ClientTls, Failure> {
+    match ca_file {
+        Some(path) => ClientTls::new()
+            .trust_pem_file(path)
+            .map_err(|e| Failure::Usage(format!("--ca-file: {e}"))),
+        None => Ok(ClientTls::new()),
+    }
 }
 
 fn report_write(

@@ -75,6 +75,15 @@ pub(crate) enum Failure {
     Runtime(String),
 }
 
+/// Makes the `palisade` children of the demo and of `bench failover` run this very
+/// executable, so that they are always the same build as their parent.
+pub(crate) fn children_run_this_binary() -> Result<(), Failure> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::Runtime(format!("cannot find this executable: {e}")))?;
+    palisade_cluster::set_palisade_bin(exe);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format, cli.command.default_log_level());

@@ -31,28 +31,18 @@ pub fn set_palisade_bin(path: impl Into<PathBuf>) {
     *EXPLICIT_BIN.write().unwrap_or_else(PoisonError::into_inner) = Some(path.into());
 }
 
-/// The `palisade` binary to run: the path given to [`set_palisade_bin`]; else
-/// [`PALISADE_BIN_ENV`] if set; else this process itself if it is `palisade` (the demo,
-/// `palisade bench failover`). Nothing is guessed beyond that: a binary found next to a
-/// test executable may be stale or built without the features the tests need.
+/// The `palisade` binary to run: the path given to [`set_palisade_bin`] (the demo and
+/// `palisade bench failover` give their own executable); else [`PALISADE_BIN_ENV`] if
+/// set. Nothing is guessed: a binary found next to a test executable may be stale or
+/// built without the features the tests need.
 pub fn palisade_bin() -> Result<PathBuf> {
     let explicit = EXPLICIT_BIN
         .read()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    let named = explicit.or_else(|| std::env::var_os(PALISADE_BIN_ENV).map(PathBuf::from));
-    let chosen = if let Some(path) = named {
-        path
-    } else {
-        let exe = std::env::current_exe().map_err(|source| ClusterError::Io {
-            what: "find the current executable".to_owned(),
-            source,
-        })?;
-        if exe.file_name().is_none_or(|n| n != "palisade") {
-            return Err(ClusterError::NoBinary);
-        }
-        exe
-    };
+    let chosen = explicit
+        .or_else(|| std::env::var_os(PALISADE_BIN_ENV).map(PathBuf::from))
+        .ok_or(ClusterError::NoBinary)?;
     if chosen.is_file() {
         Ok(chosen)
     } else {

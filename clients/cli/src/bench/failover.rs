@@ -121,6 +121,7 @@ struct Report {
 }
 
 pub(crate) async fn run(args: FailoverArgs) -> Result<(), Failure> {
+    crate::children_run_this_binary()?;
     if !(NODES_MIN..=NODES_MAX).contains(&args.nodes) {
         return Err(Failure::Usage(format!(
             "--nodes {} is out of range: {NODES_MIN} to {NODES_MAX}",

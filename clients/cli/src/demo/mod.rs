@@ -73,6 +73,7 @@ struct Worker {
 }
 
 pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
+    crate::children_run_this_binary()?;
     if !(NODES_MIN..=NODES_MAX).contains(&args.nodes) {
         return Err(Failure::Usage(format!(
             "--nodes {} is out of range: {NODES_MIN} to {NODES_MAX}",
@@ -484,13 +485,14 @@ impl Demo {
             token: u64,
             revision: u64,
         }
-        let url = self
-            .cluster
-            .proxy
-            .url(&format!("/{}?list", worker::LEDGER_PREFIX));
-        let answer = palisade_cluster::client::try_send(http::Method::GET, &url, &[], "")
-            .await
+        let path = format!("/{}?list", worker::LEDGER_PREFIX);
+        // A plain read: it carries no token, so the token given here is never sent.
+        let client = palisade_client::FencedClient::with_token(&self.cluster.proxy.url(""), 0)
             .map_err(|e| Failure::Runtime(e.to_string()))?;
+        let answer = client
+            .get(&path)
+            .await
+            .map_err(|e| Failure::Runtime(format!("cannot list the ledger: {e}")))?;
         let listing: Listing = serde_json::from_slice(&answer.body)
             .map_err(|e| Failure::Runtime(format!("cannot read the ledger listing: {e}")))?;
         if listing.truncated {
