@@ -15,6 +15,7 @@ use palisade_tests::process::start_proxy;
 /// for the source to offer a token; write; read the token the store recorded.
 #[tokio::test]
 async fn in_process_node_drives_a_fenced_client() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let proxy = start_proxy(&dir.path().join("proxy"), &[]);
     let port = palisade_cluster::free_port().unwrap();

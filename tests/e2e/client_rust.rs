@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use palisade_client::{
     ClientError, FencedClient, ProxyAdmin, StaticToken, StatusCode, TokenSource,
 };
+use palisade_protocol::DEFAULT_SCOPE;
+use palisade_protocol::admin::METRICS_PATH;
 use palisade_tests::client::send;
 use palisade_tests::fixtures::{hold_in_flight, proxy_with_upstream};
 use palisade_tests::process::{ProxyProcess, start_proxy};
@@ -20,7 +22,7 @@ const WAIT: Duration = Duration::from_secs(10);
 /// The sum of a counter's series on the proxy's `/metrics`, optionally only the series
 /// whose labels contain `label`.
 async fn counter(proxy: &ProxyProcess, name: &str, label: &str) -> u64 {
-    let text = send(http::Method::GET, &proxy.admin_url("/metrics"), &[], "")
+    let text = send(http::Method::GET, &proxy.admin_url(METRICS_PATH), &[], "")
         .await
         .text();
     text.lines()
@@ -42,10 +44,12 @@ fn static_client(proxy: &ProxyProcess, token: u64) -> (Arc<StaticToken>, FencedC
     (source, client)
 }
 
-/// The client attaches its token and scope; the embedded store records the token, a GET
-/// reports it, and the scope's fence is at it.
+/// Goal: the client attaches its token and scope; the embedded store records the token,
+/// a GET reports it, and the scope's fence is at it. Method: a client with a static
+/// token 3 and scope `billing` puts, gets and deletes; read both scopes' fences.
 #[tokio::test]
 async fn token_is_attached_and_recorded_by_the_store() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let proxy = start_proxy(dir.path(), &[]);
     let client = FencedClient::builder(&proxy.url(""), Arc::new(StaticToken::new(3)))
@@ -70,7 +74,7 @@ async fn token_is_attached_and_recorded_by_the_store() {
     let admin = ProxyAdmin::new(&proxy.admin_url("")).unwrap();
     assert_eq!(admin.fence("billing").await.unwrap().token, 3);
     assert_eq!(
-        admin.fence("default").await.unwrap().token,
+        admin.fence(DEFAULT_SCOPE).await.unwrap().token,
         0,
         "the scope header was sent"
     );
@@ -81,16 +85,18 @@ async fn token_is_attached_and_recorded_by_the_store() {
     assert_eq!(missing.status(), Some(StatusCode::NOT_FOUND), "{missing}");
 }
 
-/// After a new leader fences the scope, the old leader's write is `Fenced` with the
+/// Goal: after a new leader fences the scope, the old leader's write is `Fenced` with the
 /// numbers; its source is marked, so its next writes fail with `NotLeader` and reach
-/// neither the upstream nor even the proxy.
+/// neither the upstream nor even the proxy. Method: advance to 5, write with 3, then
+/// three more writes; compare the proxy's request counter and the upstream.
 #[tokio::test]
 async fn stale_write_is_fenced_and_later_writes_never_leave_the_process() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
     let admin = ProxyAdmin::new(&proxy.admin_url("")).unwrap();
-    let advanced = admin.advance("default", 5).await.unwrap();
+    let advanced = admin.advance(DEFAULT_SCOPE, 5).await.unwrap();
     assert!(advanced.advanced);
 
     let (source, client) = static_client(&proxy, 3);
@@ -103,7 +109,10 @@ async fn stale_write_is_fenced_and_later_writes_never_leave_the_process() {
     else {
         panic!("expected Fenced, got {err:?}");
     };
-    assert_eq!((scope.as_str(), *presented, *current), ("default", 3, 5));
+    assert_eq!(
+        (scope.as_str(), *presented, *current),
+        (DEFAULT_SCOPE, 3, 5)
+    );
     assert_eq!(
         err.to_string(),
         "stale fencing token 3 for scope default: current is 5"
@@ -112,6 +121,10 @@ async fn stale_write_is_fenced_and_later_writes_never_leave_the_process() {
     assert!(!now.is_leader && now.write_token().is_none(), "{now:?}");
 
     let requests_before = counter(&proxy, "palisade_proxy_requests_total", "").await;
+    assert!(
+        requests_before >= 1,
+        "the proxy counted the fenced write, so the counter read below is the real one"
+    );
     for attempt in [
         client.put("/ledger/2", "x").await,
         client.delete("/ledger/1").await,
@@ -134,7 +147,7 @@ async fn stale_write_is_fenced_and_later_writes_never_leave_the_process() {
         upstream.arrived()
     );
     // The admin API also reports a stale advance as Fenced.
-    let stale_advance = admin.advance("default", 4).await.unwrap_err();
+    let stale_advance = admin.advance(DEFAULT_SCOPE, 4).await.unwrap_err();
     assert!(
         matches!(
             stale_advance,
@@ -148,11 +161,14 @@ async fn stale_write_is_fenced_and_later_writes_never_leave_the_process() {
     );
 }
 
-/// A PUT answered 503 by the proxy's in-flight barrier (a lower-token write is held at
-/// the upstream) is retried after `Retry-After` and succeeds once the lower write
+/// Goal: a PUT answered 503 by the proxy's in-flight barrier (a lower-token write is held
+/// at the upstream) is retried after `Retry-After` and succeeds once the lower write
 /// completes; a POST without an idempotency key in the same spot is not retried.
+/// Method: a 300 ms barrier; hold a token-1 write, PUT with 2 and release after the first
+/// 503; then hold a token-2 write and POST with 3; count barrier timeouts.
 #[tokio::test]
 async fn idempotent_put_is_retried_and_plain_post_is_not() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let (upstream, proxy) =
         proxy_with_upstream(dir.path(), "[limits]\nbarrier_timeout_ms = 300\n").await;
@@ -211,11 +227,13 @@ async fn idempotent_put_is_retried_and_plain_post_is_not() {
     assert_eq!(held.await.unwrap().status, http::StatusCode::OK);
 }
 
-/// A write held at the upstream past the client's timeout is `Indeterminate`, not a
+/// Goal: a write held at the upstream past the client's timeout is `Indeterminate`, not a
 /// failure: it did reach the storage. A POST is sent once; a PUT is retried, then
-/// reported the same way; neither costs the leadership.
+/// reported the same way; neither costs the leadership. Method: a 400 ms client timeout
+/// with one retry; POST and PUT to a path held at the upstream.
 #[tokio::test]
 async fn timeout_is_reported_as_indeterminate() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);

@@ -7,6 +7,7 @@ use std::process::Command;
 /// holds. Method: run it with a short pause and fast ticks; read its timeline.
 #[test]
 fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
+    crate::use_tested_binary();
     let output = Command::new(crate::PALISADE)
         .args(["demo", "--pause", "2", "--tick-ms", "50"])
         .env("RUST_LOG", "warn")
@@ -35,6 +36,7 @@ fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
 /// Goal: bad options are usage errors (exit 2) that name the option.
 #[test]
 fn demo_refuses_bad_options_with_exit_2() {
+    crate::use_tested_binary();
     for args in [["demo", "--nodes", "2"], ["demo", "--pause", "0"]] {
         let output = Command::new(crate::PALISADE).args(args).output().unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");

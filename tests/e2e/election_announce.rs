@@ -4,8 +4,10 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use palisade_cluster::client::{put, send};
 use palisade_cluster::{Cluster, ClusterSpec};
+use palisade_protocol::DEFAULT_SCOPE;
+use palisade_protocol::headers::FENCING_TOKEN_CURRENT;
+use palisade_tests::client::{put, send};
 
 /// Generous bound for an election at 20 ms ticks on a loaded 2-core machine.
 const ELECTION_TIMEOUT: Duration = Duration::from_secs(20);
@@ -24,6 +26,7 @@ fn spec() -> ClusterSpec {
 /// holds only the first write, resume the old leader and write with its token.
 #[tokio::test]
 async fn new_leader_fences_the_proxy_without_writing() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let cluster = Cluster::start(dir.path(), &spec()).unwrap();
 
@@ -34,7 +37,10 @@ async fn new_leader_fences_the_proxy_without_writing() {
     let old = first.token.unwrap();
     let fence =
         palisade_tests::wait::until("the first token at the proxy", ELECTION_TIMEOUT, || async {
-            cluster.proxy_fence("default").await.filter(|&f| f == old)
+            cluster
+                .proxy_fence(DEFAULT_SCOPE)
+                .await
+                .filter(|&f| f == old)
         })
         .await;
     assert_eq!(fence, old);
@@ -54,7 +60,10 @@ async fn new_leader_fences_the_proxy_without_writing() {
     let new = next.token.unwrap();
     assert!(new > old, "terms only grow: {new} > {old}");
     palisade_tests::wait::until("the new token at the proxy", ELECTION_TIMEOUT, || async {
-        cluster.proxy_fence("default").await.filter(|&f| f == new)
+        cluster
+            .proxy_fence(DEFAULT_SCOPE)
+            .await
+            .filter(|&f| f == new)
     })
     .await;
     let listing = send(Method::GET, &cluster.proxy.url("/ledger/?list"), &[], "")
@@ -74,7 +83,10 @@ async fn new_leader_fences_the_proxy_without_writing() {
     )
     .await;
     assert_eq!(stale.status, StatusCode::CONFLICT);
-    assert_eq!(stale.header("fencing-token-current"), Some(new.to_string()));
+    assert_eq!(
+        stale.header(FENCING_TOKEN_CURRENT.as_str()),
+        Some(new.to_string())
+    );
 
     // The resumed node learns the new term and reports no token.
     palisade_tests::wait::until(

@@ -5,16 +5,15 @@
 
 use std::time::{Duration, Instant};
 
-use http::{Method, StatusCode};
+use http::StatusCode;
 use nix::sys::signal::Signal;
-use palisade_cluster::client::{Answer, try_send_within};
-use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, Leadership};
+use palisade_client::NodeApi;
+use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec};
+use palisade_protocol::{DEFAULT_SCOPE, LeaderView, Role};
 use palisade_tests::wait::until;
 
 /// Generous deadline for anything that takes a few election timeouts.
 const SETTLE: Duration = Duration::from_secs(15);
-/// Timeout of one API request (a long poll included).
-const API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Three fast nodes that do not announce (a token then counts as announced at once).
 fn start(dir: &std::path::Path) -> Cluster {
@@ -30,38 +29,30 @@ fn start(dir: &std::path::Path) -> Cluster {
     Cluster::start_with(dir, &spec, &options).unwrap()
 }
 
-async fn settled(c: &Cluster, ids: &[u64], what: &str) -> Leadership {
+async fn settled(c: &Cluster, ids: &[u64], what: &str) -> LeaderView {
     until(what, SETTLE, || c.settled_leader(ids)).await
 }
 
-/// One request to node `id`'s API.
-async fn api(c: &Cluster, id: u64, method: Method, path: &str, body: &str) -> Answer {
-    let url = c.node(id).unwrap().api_url(path);
-    try_send_within(
-        method,
-        &url,
-        &[("content-type", "application/json")],
-        body.to_owned(),
-        API_TIMEOUT,
-    )
-    .await
-    .unwrap()
+/// The API client of node `id`.
+fn api(c: &Cluster, id: u64) -> &NodeApi {
+    c.node(id).unwrap().api()
 }
 
 /// Goal: three processes elect exactly one established leader that the others follow.
 /// Method: start three nodes and poll their `/v1/leader` until settled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_elect_one_established_leader() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let c = start(dir.path());
     let leader = settled(&c, &c.ids(), "a settled leader").await;
     assert_eq!(leader.token, Some(leader.term));
-    assert_eq!(leader.role, "leader");
+    assert_eq!(leader.role, Role::Leader);
     assert!(
         leader.announced,
         "with no --announce a token counts as announced"
     );
-    assert_eq!(leader.scope, "default");
+    assert_eq!(leader.scope.as_str(), DEFAULT_SCOPE);
 }
 
 /// Goal: a paused (SIGSTOP) leader is replaced by a new established leader of a higher
@@ -70,6 +61,7 @@ async fn three_processes_elect_one_established_leader() {
 /// the old leader and poll it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let c = start(dir.path());
     let ids = c.ids();
@@ -95,10 +87,10 @@ async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
         paused
             .leadership()
             .await
-            .filter(|v| v.role == "follower" && v.term >= new.term && v.token.is_none())
+            .filter(|v| v.role == Role::Follower && v.term >= new.term && v.token.is_none())
     })
     .await;
-    assert!(resumed.leader_id != 0 || resumed.term > new.term);
+    assert!(resumed.leader_id.is_some() || resumed.term > new.term);
     settled(&c, &ids, "the cluster to settle again").await;
 }
 
@@ -108,6 +100,7 @@ async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
 /// the next leader's term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_nodes_restart_with_their_term() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let mut c = start(dir.path());
     let ids = c.ids();
@@ -143,6 +136,7 @@ async fn killed_nodes_restart_with_their_term() {
 /// wait for exit, check the other two settle on a higher term.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_leader_hands_over_and_exits_cleanly() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let mut c = start(dir.path());
     let ids = c.ids();
@@ -165,35 +159,26 @@ async fn terminated_leader_hands_over_and_exits_cleanly() {
 /// Method: POST /v1/transfer to a follower, then POST /v1/resign on the new leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transfer_and_resign_over_http_move_leadership() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let c = start(dir.path());
     let ids = c.ids();
     let old = settled(&c, &ids, "a settled leader").await;
     let target = *ids.iter().find(|&&id| id != old.node_id).unwrap();
-    let answer = api(
-        &c,
-        old.node_id,
-        Method::POST,
-        "/v1/transfer",
-        &format!("{{\"to\":{target}}}"),
-    )
-    .await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-    let done = answer.json();
-    assert_eq!(done["to"], target);
-    assert!(done["term"].as_u64().unwrap() > old.term);
+    let done = api(&c, old.node_id).transfer(target).await.unwrap();
+    assert_eq!((done.from, done.to), (old.node_id, target));
+    assert!(done.term > old.term);
     let now = settled(&c, &ids, "the target to settle").await;
     assert_eq!(now.node_id, target);
 
-    let answer = api(&c, old.node_id, Method::POST, "/v1/resign", "").await;
+    let refused = api(&c, old.node_id).resign().await.unwrap_err();
     assert_eq!(
-        answer.status,
-        StatusCode::CONFLICT,
-        "a follower cannot resign: {}",
-        answer.text()
+        refused.status(),
+        Some(StatusCode::CONFLICT),
+        "a follower cannot resign: {refused}"
     );
-    let answer = api(&c, target, Method::POST, "/v1/resign", "").await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let resigned = api(&c, target).resign().await.unwrap();
+    assert_eq!(resigned.from, target);
     let after = settled(&c, &ids, "a settled leader after resign").await;
     assert_ne!(after.node_id, target);
     assert!(after.term > now.term);
@@ -204,46 +189,34 @@ async fn transfer_and_resign_over_http_move_leadership() {
 /// late, same term), then start a long poll, transfer leadership, and see it answer early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_poll_answers_on_term_change_or_timeout() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let c = start(dir.path());
     let ids = c.ids();
     let leader = settled(&c, &ids, "a settled leader").await;
     let follower = *ids.iter().find(|&&id| id != leader.node_id).unwrap();
     let started = Instant::now();
-    let answer = api(
-        &c,
-        follower,
-        Method::GET,
-        &format!("/v1/leader?after_term={}&timeout_ms=300", leader.term),
-        "",
-    )
-    .await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let same = api(&c, follower)
+        .leader_after(leader.term, Duration::from_millis(300))
+        .await
+        .unwrap();
     assert!(started.elapsed() >= Duration::from_millis(250));
+    assert_eq!(same.term, leader.term, "nothing changed: {same:?}");
 
-    let url = c.node(follower).unwrap().api_url(&format!(
-        "/v1/leader?after_term={}&timeout_ms=900",
-        leader.term
-    ));
+    let poller = api(&c, follower).clone();
+    let after = leader.term;
     let poll = tokio::spawn(async move {
         let started = Instant::now();
-        let answer = try_send_within(Method::GET, &url, &[], "", API_TIMEOUT).await;
+        let answer = poller.leader_after(after, Duration::from_millis(900)).await;
         (started.elapsed(), answer)
     });
     // Give the long poll time to reach the node before the term changes: it must be
     // waiting, not answered at once.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let answer = api(&c, leader.node_id, Method::POST, "/v1/resign", "").await;
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-    let (elapsed, answer) = poll.await.unwrap();
-    let answer = answer.unwrap();
-    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
-    let view = answer.json();
-    assert!(
-        view["term"].as_u64().unwrap() > leader.term,
-        "{}",
-        answer.text()
-    );
+    api(&c, leader.node_id).resign().await.unwrap();
+    let (elapsed, view) = poll.await.unwrap();
+    let view = view.unwrap();
+    assert!(view.term > leader.term, "{view:?}");
     assert!(
         elapsed < Duration::from_millis(900),
         "long poll waited {elapsed:?}"
@@ -254,6 +227,7 @@ async fn long_poll_answers_on_term_change_or_timeout() {
 /// `palisade node` with a bad election timeout and with a missing id.
 #[test]
 fn config_errors_exit_2_naming_the_field() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let base = [
         "node",

@@ -3,11 +3,22 @@
 
 use std::time::Duration;
 
-use http::{Method, StatusCode};
-use palisade_tests::client::{self, put, send};
-use palisade_tests::fixtures::{hold_in_flight, proxy_with_upstream};
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderName, Method, StatusCode};
+use palisade_client::ClientError;
+use palisade_protocol::headers::{
+    FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_CURRENT, PROBLEM_JSON, REVISION,
+};
+use palisade_protocol::{DEFAULT_SCOPE, SCOPE_BYTES_MAX};
+use palisade_tests::client::{put, send};
+use palisade_tests::fixtures::{admin, hold_in_flight, proxy_with_upstream};
 use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
+
+/// `Fencing-Token`, in a static so that the raw requests below can borrow its name.
+static TOKEN: HeaderName = FENCING_TOKEN;
+/// `Fencing-Scope`, likewise.
+static SCOPE: HeaderName = FENCING_SCOPE;
 
 /// A proxy config with a short barrier deadline, so 503 tests are quick.
 const BARRIER_1500_MS: &str = "[limits]\nbarrier_timeout_ms = 1500\n";
@@ -20,10 +31,12 @@ fn tokens(upstream: &RecordingUpstream) -> Vec<String> {
         .collect()
 }
 
-/// A write with a token below the fence gets 409 with the numbers, and the upstream
-/// never sees it.
+/// Goal: a write with a token below the fence gets 409 with the numbers, and the
+/// upstream never sees it. Method: write with token 5, then 4; read the problem body and
+/// what arrived upstream.
 #[tokio::test]
 async fn stale_token_is_rejected_and_never_reaches_upstream() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
@@ -34,16 +47,18 @@ async fn stale_token_is_rejected_and_never_reaches_upstream() {
     );
     let stale = put(&proxy.url("/k"), 4, "four").await;
     assert_eq!(stale.status, StatusCode::CONFLICT);
-    assert_eq!(stale.header("fencing-token-current").as_deref(), Some("5"));
     assert_eq!(
-        stale.header("content-type").as_deref(),
-        Some("application/problem+json")
+        stale.header(FENCING_TOKEN_CURRENT.as_str()).as_deref(),
+        Some("5")
     );
-    let problem = stale.json();
-    assert_eq!(problem["status"], 409);
-    assert_eq!(problem["scope"], "default");
-    assert_eq!(problem["presented"], 4);
-    assert_eq!(problem["current"], 5);
+    assert_eq!(
+        stale.header(CONTENT_TYPE.as_str()).as_deref(),
+        Some(PROBLEM_JSON)
+    );
+    let problem = stale.problem().expect("a problem+json body");
+    assert_eq!((problem.status, problem.kind()), (409, "stale-token"));
+    assert_eq!(problem.scope.as_deref(), Some(DEFAULT_SCOPE));
+    assert_eq!((problem.presented, problem.current), (Some(4), Some(5)));
 
     assert_eq!(
         tokens(&upstream),
@@ -53,10 +68,12 @@ async fn stale_token_is_rejected_and_never_reaches_upstream() {
     assert_eq!(upstream.arrived().len(), 1);
 }
 
-/// An equal token is forwarded; a higher one advances the fence, and the advance
-/// survives a clean restart and a `kill -9` of the proxy process.
+/// Goal: an equal token is forwarded; a higher one advances the fence, and the advance
+/// survives a clean restart (SIGTERM) and a `kill -9` of the proxy process. Method: write
+/// 3, 3, 7; SIGTERM; restart; stale 6, then 9; `kill -9`; restart; read the fence.
 #[tokio::test]
 async fn higher_token_advance_survives_restart_and_kill9() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let url = upstream.url();
@@ -89,11 +106,9 @@ async fn higher_token_advance_survives_restart_and_kill9() {
     proxy.guard.kill9();
 
     let proxy = start_proxy(dir.path(), &args);
-    let fence = send(Method::GET, &proxy.admin_url("/v1/fences/default"), &[], "")
-        .await
-        .json();
+    let fence = admin(&proxy).fence(DEFAULT_SCOPE).await.unwrap();
     assert_eq!(
-        fence["token"], 9,
+        fence.token, 9,
         "the fence acknowledged before kill -9 is still there"
     );
     assert_eq!(
@@ -103,10 +118,12 @@ async fn higher_token_advance_survives_restart_and_kill9() {
     assert_eq!(tokens(&upstream), vec!["3", "3", "7", "9"]);
 }
 
-/// Missing token: 428. Malformed, negative, overflowing or repeated token: 400. Bad
-/// scope: 400. None of them reaches the upstream.
+/// Goal: a missing token is 428; a malformed, negative, overflowing or repeated token is
+/// 400; a bad scope is 400; all as problem+json, and none of them reaches the upstream.
+/// Method: raw requests with exactly those headers; then what arrived upstream.
 #[tokio::test]
 async fn malformed_requests_get_their_status_and_nothing_is_forwarded() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
@@ -114,16 +131,16 @@ async fn malformed_requests_get_their_status_and_nothing_is_forwarded() {
 
     let missing = send(Method::PUT, &url, &[], "x").await;
     assert_eq!(missing.status, StatusCode::PRECONDITION_REQUIRED);
-    assert_eq!(missing.json()["status"], 428);
+    assert_eq!(missing.problem().map(|p| p.status), Some(428));
 
     let cases: &[&[(&str, &str)]] = &[
-        &[("fencing-token", "abc")],
-        &[("fencing-token", "-1")],
-        &[("fencing-token", "1.5")],
-        &[("fencing-token", "18446744073709551616")],
-        &[("fencing-token", "1"), ("fencing-token", "2")],
-        &[("fencing-token", "1"), ("fencing-scope", "bad scope!")],
-        &[("fencing-token", "1"), ("fencing-scope", "")],
+        &[(TOKEN.as_str(), "abc")],
+        &[(TOKEN.as_str(), "-1")],
+        &[(TOKEN.as_str(), "1.5")],
+        &[(TOKEN.as_str(), "18446744073709551616")],
+        &[(TOKEN.as_str(), "1"), (TOKEN.as_str(), "2")],
+        &[(TOKEN.as_str(), "1"), (SCOPE.as_str(), "bad scope!")],
+        &[(TOKEN.as_str(), "1"), (SCOPE.as_str(), "")],
     ];
     for headers in cases {
         let answer = send(Method::PUT, &url, headers, "x").await;
@@ -134,15 +151,17 @@ async fn malformed_requests_get_their_status_and_nothing_is_forwarded() {
             answer.text()
         );
         assert_eq!(
-            answer.header("content-type").as_deref(),
-            Some("application/problem+json")
+            answer.problem().map(|p| p.status),
+            Some(400),
+            "{headers:?}: {}",
+            answer.text()
         );
     }
-    let long_scope = "s".repeat(129);
+    let long_scope = "s".repeat(SCOPE_BYTES_MAX + 1);
     let answer = send(
         Method::PUT,
         &url,
-        &[("fencing-token", "1"), ("fencing-scope", &long_scope)],
+        &[(TOKEN.as_str(), "1"), (SCOPE.as_str(), &long_scope)],
         "x",
     )
     .await;
@@ -155,11 +174,14 @@ async fn malformed_requests_get_their_status_and_nothing_is_forwarded() {
     );
 }
 
-/// While a lower-token write is held in flight at the upstream, a higher-token write
-/// waits; the upstream applies them in token order. With the lower one held past the
-/// barrier deadline, the higher one is answered 503 with Retry-After and not forwarded.
+/// Goal: while a lower-token write is held in flight at the upstream, a higher-token
+/// write waits, and the upstream applies them in token order; with the lower one held
+/// past the barrier deadline, the higher one is answered 503 with Retry-After and not
+/// forwarded. Method: hold token 1 at the upstream, send token 2, release; then hold
+/// token 2 past a 1.5 s barrier deadline and send token 3.
 #[tokio::test]
 async fn higher_token_waits_for_lower_in_flight_and_times_out_with_503() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let (upstream, proxy) = proxy_with_upstream(dir.path(), BARRIER_1500_MS).await;
 
@@ -184,7 +206,7 @@ async fn higher_token_waits_for_lower_in_flight_and_times_out_with_503() {
         "{}",
         timed_out.text()
     );
-    assert!(timed_out.header("retry-after").is_some());
+    assert!(timed_out.header(RETRY_AFTER.as_str()).is_some());
     assert_eq!(
         upstream.arrived().len(),
         3,
@@ -195,9 +217,12 @@ async fn higher_token_waits_for_lower_in_flight_and_times_out_with_503() {
     assert_eq!(tokens(&upstream), vec!["1", "2", "2"]);
 }
 
-/// Reads pass through without a token; with `fence_reads`, they need one and are fenced.
+/// Goal: reads pass through without a token; with `--fence-reads`, they need one and are
+/// fenced. Method: reads with no, stale and current tokens on a proxy without and with
+/// the flag.
 #[tokio::test]
 async fn reads_pass_unfenced_and_are_fenced_when_configured() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
@@ -206,7 +231,7 @@ async fn reads_pass_unfenced_and_are_fenced_when_configured() {
         send(Method::GET, &proxy.url("/k"), &[], "").await.status,
         StatusCode::OK
     );
-    let stale_read = send(Method::GET, &proxy.url("/k"), &[("fencing-token", "1")], "").await;
+    let stale_read = send(Method::GET, &proxy.url("/k"), &[(TOKEN.as_str(), "1")], "").await;
     assert_eq!(
         stale_read.status,
         StatusCode::OK,
@@ -226,7 +251,7 @@ async fn reads_pass_unfenced_and_are_fenced_when_configured() {
         StatusCode::PRECONDITION_REQUIRED
     );
     assert_eq!(
-        send(Method::GET, &proxy.url("/k"), &[("fencing-token", "4")], "")
+        send(Method::GET, &proxy.url("/k"), &[(TOKEN.as_str(), "4")], "")
             .await
             .status,
         StatusCode::CONFLICT
@@ -237,100 +262,67 @@ async fn reads_pass_unfenced_and_are_fenced_when_configured() {
         "rejected reads never reach the upstream"
     );
     assert_eq!(
-        send(Method::GET, &proxy.url("/k"), &[("fencing-token", "5")], "")
+        send(Method::GET, &proxy.url("/k"), &[(TOKEN.as_str(), "5")], "")
             .await
             .status,
         StatusCode::OK
     );
 }
 
-/// An admin advance fences out the next lower write, with no write at the higher token.
+/// Goal: an admin advance fences out the next lower write on the data path, with no
+/// write at the higher token; the metrics count the one forwarded write and its upstream
+/// latency. (The admin API's own answers are the subject of `proxy/tests/admin_api.rs`.)
+/// Method: write with 1, advance to 4 through the typed admin client, write with 1
+/// again; read what reached the upstream and `/metrics`.
 #[tokio::test]
 async fn admin_advance_fences_out_lower_writes() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
     assert_eq!(put(&proxy.url("/k"), 1, "x").await.status, StatusCode::OK);
 
-    let advanced = send(
-        Method::POST,
-        &proxy.admin_url("/v1/fences/default"),
-        &[("content-type", "application/json")],
-        r#"{"token":4}"#,
-    )
-    .await;
-    assert_eq!(advanced.status, StatusCode::OK);
-    assert_eq!(advanced.json()["advanced"], true);
-    assert_eq!(advanced.json()["token"], 4);
-    let again = send(
-        Method::POST,
-        &proxy.admin_url("/v1/fences/default"),
-        &[("content-type", "application/json")],
-        r#"{"token":4}"#,
-    )
-    .await;
-    assert_eq!(again.json()["advanced"], false);
-    let lower = send(
-        Method::POST,
-        &proxy.admin_url("/v1/fences/default"),
-        &[("content-type", "application/json")],
-        r#"{"token":2}"#,
-    )
-    .await;
-    assert_eq!(lower.status, StatusCode::CONFLICT);
-    assert_eq!(lower.header("fencing-token-current").as_deref(), Some("4"));
-
+    let advanced = admin(&proxy).advance(DEFAULT_SCOPE, 4).await.unwrap();
+    assert!(advanced.advanced && advanced.token == 4, "{advanced:?}");
+    let stale = put(&proxy.url("/k"), 1, "stale").await;
+    assert_eq!(stale.status, StatusCode::CONFLICT);
     assert_eq!(
-        put(&proxy.url("/k"), 1, "stale").await.status,
-        StatusCode::CONFLICT
-    );
-    let list = send(Method::GET, &proxy.admin_url("/v1/fences"), &[], "")
-        .await
-        .json();
-    assert_eq!(
-        list["fences"],
-        serde_json::json!([{"scope": "default", "token": 4}])
+        stale.problem().and_then(|p| p.current),
+        Some(4),
+        "{}",
+        stale.text()
     );
     assert_eq!(tokens(&upstream), vec!["1"]);
 
-    let bad = send(
-        Method::POST,
-        &proxy.admin_url("/v1/fences/default"),
-        &[("content-type", "application/json")],
-        "{}",
+    let metrics = send(
+        Method::GET,
+        &proxy.admin_url(palisade_protocol::admin::METRICS_PATH),
+        &[],
+        "",
     )
-    .await;
-    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let metrics = send(Method::GET, &proxy.admin_url("/metrics"), &[], "")
-        .await
-        .text();
-    assert!(
-        metrics.contains("palisade_proxy_rejections_total"),
-        "{metrics}"
-    );
+    .await
+    .text();
+    for line in [
+        r#"palisade_proxy_requests_total{class="write",outcome="forwarded"} 1"#,
+        "palisade_proxy_upstream_seconds_count 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no line `{line}` in:\n{metrics}"
+        );
+    }
     assert!(
         metrics.contains("palisade_proxy_fence_advances_total"),
         "{metrics}"
     );
-    assert!(
-        metrics.contains(r#"palisade_proxy_requests_total{class="write",outcome="forwarded"} 1"#),
-        "one write was forwarded: {metrics}"
-    );
-    assert!(
-        metrics.contains("palisade_proxy_upstream_seconds_count 1"),
-        "one upstream latency recorded: {metrics}"
-    );
-    assert_eq!(
-        send(Method::GET, &proxy.admin_url("/healthz"), &[], "")
-            .await
-            .status,
-        StatusCode::OK
-    );
 }
 
-/// Scopes are independent, and routes map path prefixes to scopes.
+/// Goal: scopes are independent, routes map path prefixes to scopes, and a client may
+/// name its scope in `Fencing-Scope`. Method: write to a routed prefix, the default scope
+/// and a named scope with unrelated tokens; a stale write on the route; read each fence.
 #[tokio::test]
 async fn scopes_are_independent_and_routes_choose_them() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let config = dir.path().join("proxy.toml");
@@ -360,7 +352,7 @@ async fn scopes_are_independent_and_routes_choose_them() {
     let scoped = send(
         Method::PUT,
         &proxy.url("/other"),
-        &[("fencing-token", "1"), ("fencing-scope", "jobs")],
+        &[(TOKEN.as_str(), "1"), (SCOPE.as_str(), "jobs")],
         "c",
     )
     .await;
@@ -369,20 +361,19 @@ async fn scopes_are_independent_and_routes_choose_them() {
         put(&proxy.url("/billing/y"), 8, "d").await.status,
         StatusCode::CONFLICT
     );
-    let fence = send(Method::GET, &proxy.admin_url("/v1/fences/billing"), &[], "")
-        .await
-        .json();
-    assert_eq!(fence["token"], 9);
-    let unseen = send(Method::GET, &proxy.admin_url("/v1/fences/never"), &[], "")
-        .await
-        .json();
-    assert_eq!(unseen["token"], 0);
+    let admin = admin(&proxy);
+    assert_eq!(admin.fence("billing").await.unwrap().token, 9);
+    assert_eq!(admin.fence("jobs").await.unwrap().token, 1);
+    assert_eq!(admin.fence(DEFAULT_SCOPE).await.unwrap().token, 2);
+    assert_eq!(admin.fence("never").await.unwrap().token, 0);
 }
 
-/// The embedded object store: PUT, GET with the writer's token, list, DELETE; stale
-/// writes rejected; objects survive a restart.
+/// Goal: the embedded object store records the writing token and revision, lists keys in
+/// apply order, deletes, rejects stale writes, and keeps its objects across a restart.
+/// Method: PUT, stale PUT, restart, GET, list, DELETE, GET.
 #[tokio::test]
 async fn embedded_store_records_the_writing_token_and_survives_restart() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let proxy = start_proxy(dir.path(), &[]);
     assert_eq!(
@@ -403,9 +394,9 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
     let got = send(Method::GET, &proxy.url("/ledger/1"), &[], "").await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.text(), "one");
-    assert_eq!(got.header("fencing-token").as_deref(), Some("3"));
+    assert_eq!(got.header(TOKEN.as_str()).as_deref(), Some("3"));
     assert_eq!(
-        got.header("palisade-revision").as_deref(),
+        got.header(REVISION.as_str()).as_deref(),
         Some("1"),
         "first write applied"
     );
@@ -424,10 +415,10 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
         list["keys"][1]["revision"], 2,
         "revisions give the apply order"
     );
-    let deleted = client::send(
+    let deleted = send(
         Method::DELETE,
         &proxy.url("/ledger/1"),
-        &[("fencing-token", "4")],
+        &[(TOKEN.as_str(), "4")],
         "",
     )
     .await;
@@ -440,24 +431,20 @@ async fn embedded_store_records_the_writing_token_and_survives_restart() {
     );
 }
 
-/// An admin advance answers only once lower-token writes in flight have finished, so a
-/// node that has announced knows its predecessor's writes are done; past the barrier
-/// deadline it gets 503, with the fence raised all the same.
+/// Goal: an admin advance answers only once lower-token writes in flight have finished,
+/// so a node that has announced knows its predecessor's writes are done; past the barrier
+/// deadline it gets 503, with the fence raised all the same. Method: hold a token-1 write
+/// at the upstream, advance to 2, release; hold a token-2 write past a 1.5 s deadline and
+/// advance to 3.
 #[tokio::test]
 async fn admin_advance_waits_for_lower_writes_in_flight() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let (upstream, proxy) = proxy_with_upstream(dir.path(), BARRIER_1500_MS).await;
     let low = hold_in_flight(&upstream, &proxy, "/slow", 1).await;
-    let admin = proxy.admin_url("/v1/fences/default");
-    let advance = tokio::spawn(async move {
-        send(
-            Method::POST,
-            &admin,
-            &[("content-type", "application/json")],
-            r#"{"token":2}"#,
-        )
-        .await
-    });
+    let admin = admin(&proxy);
+    let advancing = admin.clone();
+    let advance = tokio::spawn(async move { advancing.advance(DEFAULT_SCOPE, 2).await });
     // Show that the advance does not answer while the token-1 write is in flight.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -466,46 +453,38 @@ async fn admin_advance_waits_for_lower_writes_in_flight() {
     );
     upstream.release("/slow");
     assert_eq!(low.await.unwrap().status, StatusCode::OK);
-    let answer = advance.await.unwrap();
-    assert_eq!(answer.status, StatusCode::OK);
-    assert_eq!(answer.json()["advanced"], true);
+    let answer = advance.await.unwrap().unwrap();
+    assert!(answer.advanced, "{answer:?}");
 
     // Held past the deadline: 503, and the fence is raised anyway.
     let held = hold_in_flight(&upstream, &proxy, "/slow", 2).await;
-    let late = send(
-        Method::POST,
-        &proxy.admin_url("/v1/fences/default"),
-        &[("content-type", "application/json")],
-        r#"{"token":3}"#,
-    )
-    .await;
+    let late = admin.advance(DEFAULT_SCOPE, 3).await.unwrap_err();
     assert_eq!(
-        late.status,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "{}",
-        late.text()
+        late.status(),
+        Some(StatusCode::SERVICE_UNAVAILABLE),
+        "{late}"
     );
-    let fence = send(Method::GET, &proxy.admin_url("/v1/fences/default"), &[], "")
-        .await
-        .json();
-    assert_eq!(fence["token"], 3);
+    assert!(!matches!(late, ClientError::Fenced { .. }), "{late:?}");
+    assert_eq!(admin.fence(DEFAULT_SCOPE).await.unwrap().token, 3);
     upstream.release("/slow");
     assert_eq!(held.await.unwrap().status, StatusCode::OK);
 }
 
-/// A client that gives up on a write does not cancel it: the proxy keeps it in flight
-/// until the upstream answers, so a higher-token write still waits for it and the
-/// upstream applies them in token order.
+/// Goal: a client that gives up on a write does not cancel it: the proxy keeps it in
+/// flight until the upstream answers, so a higher-token write still waits for it and the
+/// upstream applies them in token order. Method: hold a token-1 write at the upstream,
+/// give up on it after 300 ms, send token 2, release.
 #[tokio::test]
 async fn abandoned_lower_write_still_holds_back_higher_writes() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
     upstream.hold("/slow");
-    let impatient = palisade_cluster::client::try_send_within(
+    let impatient = palisade_tests::client::try_send_within(
         Method::PUT,
         &proxy.url("/slow"),
-        &[("fencing-token", "1")],
+        &[(TOKEN.as_str(), "1")],
         "low",
         Duration::from_millis(300),
     )

@@ -10,7 +10,10 @@ use http::{Method, Request, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use palisade_protocol::DEFAULT_SCOPE;
+use palisade_protocol::headers::FENCING_TOKEN;
 use palisade_tests::client::{put, send};
+use palisade_tests::fixtures::admin;
 use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
 use palisade_tests::wait;
@@ -32,9 +35,12 @@ fn raw_exchange(addr: std::net::SocketAddr, request: &[u8], timeout: Duration) -
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-/// An oversize body gets 413 (with or without Content-Length) and is not forwarded.
+/// Goal: an oversize body gets 413, with or without Content-Length, is not forwarded and
+/// does not raise the fence. Method: a 1 KiB limit; PUT 1024 bytes, 1025 bytes, and a
+/// chunked body of 1600 bytes; read what arrived upstream and the fence.
 #[tokio::test]
 async fn oversize_body_gets_413_and_is_not_forwarded() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let config = write_config(dir.path(), "[limits]\nbody_bytes_max = 1024\n");
@@ -49,12 +55,12 @@ async fn oversize_body_gets_413_and_is_not_forwarded() {
     );
     let big = put(&proxy.url("/k"), 2, &"x".repeat(1025)).await;
     assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(big.json()["status"], 413);
+    assert_eq!(big.problem().map(|p| p.status), Some(413));
 
     // A chunked body gives no size up front: the limit applies while reading.
     let chunk = "y".repeat(800);
     let chunked = format!(
-        "PUT /k HTTP/1.1\r\nHost: x\r\nFencing-Token: 3\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        "PUT /k HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 3\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
         chunk.len(),
         chunk.len()
     );
@@ -66,18 +72,18 @@ async fn oversize_body_gets_413_and_is_not_forwarded() {
         1,
         "only the request within the limit was forwarded"
     );
-    let fence = send(Method::GET, &proxy.admin_url("/v1/fences/default"), &[], "")
-        .await
-        .json();
+    let fence = admin(&proxy).fence(DEFAULT_SCOPE).await.unwrap();
     assert_eq!(
-        fence["token"], 1,
+        fence.token, 1,
         "a refused oversize write does not raise the fence"
     );
 }
 
-/// Oversize request heads get 431.
+/// Goal: an oversize request head gets 431 and is not forwarded. Method: a raw GET with
+/// a 64 KiB header.
 #[tokio::test]
 async fn oversize_headers_get_431() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
@@ -88,10 +94,13 @@ async fn oversize_headers_get_431() {
     assert!(upstream.arrived().is_empty());
 }
 
-/// A client that never finishes its request head is disconnected after the header read
-/// timeout, while a prompt client on another connection is served.
+/// Goal: a client that never finishes its request head is disconnected after the header
+/// read timeout (not before), while a prompt client on another connection is served.
+/// Method: a 500 ms header timeout; half a request head on one connection, a PUT on
+/// another; time until the proxy closes the first.
 #[tokio::test]
 async fn slow_headers_time_out() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let config = write_config(dir.path(), "[limits]\nheader_read_timeout_ms = 500\n");
@@ -120,15 +129,21 @@ async fn slow_headers_time_out() {
         "the slow connection was closed by the proxy, not the test's read timeout ({elapsed:?})"
     );
     assert!(
+        elapsed >= Duration::from_millis(450),
+        "the proxy closed the slow connection after {elapsed:?}, before its 500 ms header timeout"
+    );
+    assert!(
         !answer.starts_with("HTTP/1.1 2"),
         "the incomplete request was not served: {answer}"
     );
     assert_eq!(upstream.arrived().len(), 1);
 }
 
-/// Cleartext HTTP/2 (prior knowledge) is served like HTTP/1.1.
+/// Goal: cleartext HTTP/2 (prior knowledge) is served and fenced like HTTP/1.1. Method:
+/// an h2-only client writes with token 1, then 0.
 #[tokio::test]
 async fn h2c_clients_are_served() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let proxy = start_proxy(dir.path(), &[]);
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
@@ -137,7 +152,7 @@ async fn h2c_clients_are_served() {
     let request = Request::builder()
         .method(Method::PUT)
         .uri(proxy.url("/h2/key"))
-        .header("fencing-token", "1")
+        .header(FENCING_TOKEN, "1")
         .body(Full::new(Bytes::from_static(b"over h2")))
         .unwrap();
     let response = client.request(request).await.unwrap();
@@ -146,7 +161,7 @@ async fn h2c_clients_are_served() {
     let stale = Request::builder()
         .method(Method::PUT)
         .uri(proxy.url("/h2/key"))
-        .header("fencing-token", "0")
+        .header(FENCING_TOKEN, "0")
         .body(Full::new(Bytes::new()))
         .unwrap();
     assert_eq!(
@@ -156,9 +171,12 @@ async fn h2c_clients_are_served() {
     );
 }
 
-/// The TLS listener serves HTTP/1.1 and h2 with a certificate made in the test.
+/// Goal: the TLS listener serves h2 (offered by ALPN) with a certificate from PEM files,
+/// and does not serve cleartext. Method: a certificate made in the test, a client that
+/// trusts it; PUT, GET; then a cleartext GET.
 #[tokio::test]
 async fn tls_listener_serves_with_a_generated_certificate() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let cert_path = dir.path().join("cert.pem");
@@ -191,7 +209,7 @@ async fn tls_listener_serves_with_a_generated_certificate() {
     let request = Request::builder()
         .method(Method::PUT)
         .uri(&url)
-        .header("fencing-token", "2")
+        .header(FENCING_TOKEN, "2")
         .body(Full::new(Bytes::from_static(b"secret")))
         .unwrap();
     let response = client.request(request).await.unwrap();
@@ -202,7 +220,7 @@ async fn tls_listener_serves_with_a_generated_certificate() {
         .body(Full::new(Bytes::new()))
         .unwrap();
     let response = client.request(get).await.unwrap();
-    assert_eq!(response.headers()["fencing-token"], "2");
+    assert_eq!(response.headers()[FENCING_TOKEN], "2");
     assert_eq!(
         response.into_body().collect().await.unwrap().to_bytes(),
         "secret"
@@ -214,9 +232,12 @@ async fn tls_listener_serves_with_a_generated_certificate() {
     assert!(plain.is_err() || plain.unwrap().status != StatusCode::OK);
 }
 
-/// On SIGTERM the proxy stops accepting, finishes the request in flight, then exits 0.
+/// Goal: on SIGTERM the proxy stops accepting, finishes the request in flight, then
+/// exits 0. Method: hold a write at the upstream, SIGTERM, wait until connections are
+/// refused, release; read the answer and the exit code.
 #[tokio::test]
 async fn graceful_shutdown_completes_in_flight_request() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let mut proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
@@ -257,11 +278,13 @@ async fn graceful_shutdown_completes_in_flight_request() {
     assert_eq!(code, Some(0));
 }
 
-/// An `https://` upstream is reached with rustls, trusting the CA bundle given with
+/// Goal: an `https://` upstream is reached with rustls, trusting the CA bundle given with
 /// `--upstream-ca`; without it (platform roots only) the self-signed upstream is refused
-/// with 502 and nothing is applied.
+/// with 502 and nothing is applied. Method: a self-signed HTTPS upstream; one proxy with
+/// the bundle, one without.
 #[tokio::test]
 async fn https_upstream_is_trusted_through_the_configured_ca_bundle() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let ca_path = dir.path().join("upstream-ca.pem");
@@ -336,7 +359,7 @@ async fn tls_upstream(
                 let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let token = req
                         .headers()
-                        .get("fencing-token")
+                        .get(FENCING_TOKEN)
                         .map(|v| v.to_str().unwrap().to_owned());
                     record.lock().unwrap().push(token);
                     async {
@@ -354,11 +377,13 @@ async fn tls_upstream(
     (addr, seen)
 }
 
-/// `limits.upstream_requests_max` bounds requests in flight to the upstream: with its one
-/// slot held, the next request waits up to the upstream connect timeout, then gets 503,
-/// and never reaches the upstream.
+/// Goal: `limits.upstream_requests_max` bounds requests in flight to the upstream: with
+/// its one slot held, the next request waits up to the upstream connect timeout, then
+/// gets 503, and never reaches the upstream. Method: a cap of 1; hold one write at the
+/// upstream, GET another path; release, GET again.
 #[tokio::test]
 async fn upstream_requests_are_capped() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let (upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
         dir.path(),

@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use palisade_cluster::client::{put, try_send_within};
 use palisade_cluster::{Launch, ProxyProcess, spawn_launch};
 use palisade_protocol::headers;
 use palisade_protocol::process::{FAILPOINT_STOP_ENV, FailpointStop};
+use palisade_tests::client::{put, try_send_within};
 use palisade_tests::process::wait_for_failpoint;
 use palisade_tests::scenario::CLIENT_FAILPOINT;
 use palisade_tests::upstream::RecordingUpstream;
@@ -30,6 +30,7 @@ fn no_failpoints_help() -> String {
 /// Goal: the failpoint probe the scenarios start with agrees with this binary.
 #[test]
 fn the_tested_binary_has_failpoints_compiled_in() {
+    crate::use_tested_binary();
     palisade_cluster::require_failpoints().unwrap_or_else(|e| panic!("{e}"));
 }
 
@@ -39,6 +40,7 @@ fn the_tested_binary_has_failpoints_compiled_in() {
 /// `FAILPOINTS` forwards it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_failpoint_fires_in_the_tested_binary_only_when_configured() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let url = upstream.url();
@@ -72,6 +74,7 @@ async fn proxy_failpoint_fires_in_the_tested_binary_only_when_configured() {
 /// and the write is applied with its token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_stops_before_send_until_continued() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let proxy =
@@ -135,6 +138,7 @@ async fn client_stops_before_send_until_continued() {
 /// naming it, not a scenario that silently never stops.
 #[test]
 fn unknown_stop_failpoint_is_a_usage_error() {
+    crate::use_tested_binary();
     let out = std::process::Command::new(crate::PALISADE)
         .args(["fence", "--admin", "http://127.0.0.1:9"])
         .env(FAILPOINT_STOP_ENV, "proxy-before-forwrd")
@@ -155,6 +159,7 @@ fn unknown_stop_failpoint_is_a_usage_error() {
 /// Method: stop a proxy at `proxy-after-fence-commit`; its admin API times out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxy_stopped_at_a_failpoint_is_frozen_whole() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
     let url = upstream.url();

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, Instant};
 
-use http::{Method, StatusCode};
-use palisade_cluster::client::try_send_within;
+use http::StatusCode;
+use palisade_protocol::DEFAULT_SCOPE;
 use palisade_tests::scenario::{
     ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec, outcome_of, tagged_put,
 };
@@ -28,6 +28,7 @@ const OLD_WRITES: u64 = 3;
 /// token is tried again. Check the apply order on the upstream's clock and the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
+    crate::use_tested_binary();
     let mut s = Scenario::start(&ScenarioSpec {
         workers: false,
         ..ScenarioSpec::default()
@@ -40,7 +41,7 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
 
     let mut old_writes = Vec::new();
     for seq in 1..=OLD_WRITES {
-        s.recorder.invoke("default", old_token, "old", seq);
+        s.recorder.invoke(DEFAULT_SCOPE, old_token, "old", seq);
         let proxy = proxy.clone();
         old_writes.push(tokio::spawn(async move {
             tagged_put(
@@ -72,21 +73,16 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
 
     // Leadership moves while they are in flight; the new leader writes at once, without
     // waiting for its announcement (which waits at the proxy's barrier too).
-    let resign = try_send_within(
-        Method::POST,
-        &s.cluster
-            .node(leader.node_id)
-            .unwrap()
-            .api_url("/v1/resign"),
-        &[],
-        "",
-        ELECTION_TIMEOUT,
-    )
-    .await
-    .unwrap();
-    assert_eq!(resign.status, StatusCode::OK, "{}", resign.text());
-    let to = resign.json()["to"].as_u64().unwrap();
-    let new_node = s.cluster.node(to).unwrap();
+    let resigned = s
+        .cluster
+        .node(leader.node_id)
+        .unwrap()
+        .api()
+        .resign()
+        .await
+        .unwrap();
+    assert_eq!(resigned.from, leader.node_id);
+    let new_node = s.cluster.node(resigned.to).unwrap();
     let new_token = wait::until("the new leader's token", ELECTION_TIMEOUT, || async {
         new_node.leadership().await.and_then(|l| l.token)
     })
@@ -101,7 +97,7 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
         still_in_flight,
         "the old writes were applied before the new leader could write: the race was not set up (a very slow machine?)"
     );
-    s.recorder.invoke("default", new_token, "new", 1);
+    s.recorder.invoke(DEFAULT_SCOPE, new_token, "new", 1);
     let sent_at = Instant::now();
     let new_write = {
         let proxy = proxy.clone();
@@ -115,7 +111,7 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
     let cluster = &s.cluster;
     wait::until("the fence to reach the new token", STEP_TIMEOUT, || async {
         cluster
-            .proxy_fence("default")
+            .proxy_fence(DEFAULT_SCOPE)
             .await
             .filter(|&f| f >= new_token)
     })
@@ -130,7 +126,7 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
     )
     .await;
     s.recorder.record(palisade_cluster::history::Op {
-        scope: "default".to_owned(),
+        scope: DEFAULT_SCOPE.to_owned(),
         token: old_token,
         writer: "old".to_owned(),
         seq: OLD_WRITES + 1,

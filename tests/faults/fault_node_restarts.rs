@@ -24,6 +24,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// waits for a condition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_killed_during_elections_never_reuse_or_lose_a_term() {
+    crate::use_tested_binary();
     let seed = fault_seed("node restarts");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut s = Scenario::start(&ScenarioSpec::default()).await;

@@ -6,8 +6,8 @@
 //! per peer, switched at runtime through `POST /v1/test/faults`; no root needed), and,
 //! where the machine allows, real network namespaces with nft drop rules.
 
-use palisade_cluster::LinkFaults;
 use palisade_cluster::history::Outcome;
+use palisade_protocol::FaultSpec;
 use palisade_tests::netns::NetnsNet;
 use palisade_tests::scenario::{ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec};
 use palisade_tests::wait;
@@ -47,9 +47,9 @@ async fn old_leader_is_fenced_out(s: &mut Scenario, cut: Cut) {
     match cut {
         Cut::Drop => s.cluster.partition(&[old]).await.unwrap(),
         Cut::Delay => {
-            let faults = LinkFaults {
+            let faults = FaultSpec {
                 delay_ms: others.iter().map(|&p| (p, SLOW_LINK_MS)).collect(),
-                ..LinkFaults::default()
+                ..FaultSpec::default()
             };
             s.cluster
                 .node(old)
@@ -113,7 +113,8 @@ async fn old_leader_is_fenced_out(s: &mut Scenario, cut: Cut) {
         || async {
             // Following the new leader, or already in a later term of its own.
             node.leadership().await.filter(|l| {
-                (l.term == new_token && l.token.is_none() && l.leader_id != 0) || l.term > new_token
+                (l.term == new_token && l.token.is_none() && l.leader_id.is_some())
+                    || l.term > new_token
             })
         },
     )
@@ -138,6 +139,7 @@ fn spec() -> ScenarioSpec {
 /// write rejected, the old leader step down, and the history hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minority_leader_is_fenced_out_once_the_majority_announces() {
+    crate::use_tested_binary();
     let mut s = Scenario::start(&spec()).await;
     old_leader_is_fenced_out(&mut s, Cut::Drop).await;
     let report = s.finish("partition (test faults)");
@@ -149,6 +151,7 @@ async fn minority_leader_is_fenced_out_once_the_majority_announces() {
 /// (test faults), with its client frozen before sending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_behind_slow_links_is_replaced_and_fenced_out() {
+    crate::use_tested_binary();
     let mut s = Scenario::start(&spec()).await;
     old_leader_is_fenced_out(&mut s, Cut::Delay).await;
     let report = s.finish("slow links (test faults)");
@@ -162,6 +165,7 @@ async fn leader_behind_slow_links_is_replaced_and_fenced_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root, ip and nft: run with --ignored"]
 async fn minority_leader_in_a_network_namespace_is_fenced_out() {
+    crate::use_tested_binary();
     let net = NetnsNet::create(3).unwrap_or_else(|why| {
         panic!(
             "cannot set up network namespaces: {why} (this test needs root, `ip netns` and `nft`)"
@@ -177,10 +181,17 @@ async fn minority_leader_in_a_network_namespace_is_fenced_out() {
 /// Method: a cluster started without it answers 404 to `POST /v1/test/faults`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_fault_route_is_absent_unless_enabled() {
+    crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let cluster =
         palisade_cluster::Cluster::start(dir.path(), &palisade_cluster::ClusterSpec::default())
             .unwrap();
-    let err = cluster.partition(&[1]).await.unwrap_err().to_string();
-    assert!(err.contains("404"), "{err}");
+    for node in &cluster.nodes {
+        let err = node
+            .api()
+            .set_faults(&FaultSpec::default())
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), Some(http::StatusCode::NOT_FOUND), "{err}");
+    }
 }

@@ -30,6 +30,7 @@ fn stopping_workers() -> ScenarioSpec {
 /// come back rejected. Then check the whole history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_write_of_a_leader_paused_before_send_is_rejected_every_cycle() {
+    crate::use_tested_binary();
     let cycles: u64 = std::env::var("PALISADE_FAULT_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -98,6 +99,7 @@ async fn stale_write_of_a_leader_paused_before_send_is_rejected_every_cycle() {
 /// with it, resume the old leader: its write is rejected by the announced fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_leaders_write_is_rejected_by_the_announced_fence_alone() {
+    crate::use_tested_binary();
     let mut s = Scenario::start(&stopping_workers()).await;
     let leader = s.wait_announced_leader(0, None).await;
     let old = leader.node_id;

@@ -7,11 +7,11 @@
 
 use std::time::Duration;
 
-use http::Method;
 use palisade_cluster::ProxyProcess;
-use palisade_cluster::client::try_send_within;
 use palisade_cluster::history::{self, History, Op, Outcome, Recorder};
+use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::process::FAILPOINT_STOP_ENV;
+use palisade_tests::fixtures::admin;
 use palisade_tests::process::wait_for_failpoint;
 use palisade_tests::scenario::{outcome_of, tagged_put};
 use palisade_tests::upstream::RecordingUpstream;
@@ -33,16 +33,12 @@ const STEP: Duration = Duration::from_secs(20);
 const WRITER: &str = "crash";
 
 async fn fence(proxy: &ProxyProcess) -> u64 {
-    let answer = try_send_within(
-        Method::GET,
-        &proxy.admin_url("/v1/fences/default"),
-        &[],
-        "",
-        STEP,
-    )
-    .await
-    .unwrap();
-    answer.json()["token"].as_u64().unwrap()
+    admin(proxy)
+        .timeout(STEP)
+        .fence(DEFAULT_SCOPE)
+        .await
+        .unwrap()
+        .token
 }
 
 /// Goal: after a `kill -9` at any proxy failpoint and a restart, the fence is at least
@@ -54,6 +50,7 @@ async fn fence(proxy: &ProxyProcess) -> u64 {
 /// higher one reached the upstream). All writes go through the history checker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reached_upstream() {
+    crate::use_tested_binary();
     palisade_cluster::require_failpoints().unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
@@ -74,7 +71,7 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
     )
     .await;
     recorder.record(Op {
-        scope: "default".to_owned(),
+        scope: DEFAULT_SCOPE.to_owned(),
         token,
         writer: WRITER.to_owned(),
         seq,
@@ -89,7 +86,7 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
                 .unwrap();
             token += 1;
             seq += 1;
-            recorder.invoke("default", token, WRITER, seq);
+            recorder.invoke(DEFAULT_SCOPE, token, WRITER, seq);
             let url = proxy.url("");
             let (t, q) = (token, seq);
             let doomed = tokio::spawn(async move {
@@ -140,7 +137,7 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
             .await;
             let o = outcome_of(&stale);
             recorder.record(Op {
-                scope: "default".to_owned(),
+                scope: DEFAULT_SCOPE.to_owned(),
                 token: token - 1,
                 writer: WRITER.to_owned(),
                 seq,

@@ -14,8 +14,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use palisade_cluster::LinkFaults;
 use palisade_cluster::history::Outcome;
+use palisade_protocol::FaultSpec;
 use palisade_tests::scenario::{
     Monitor, STEP_TIMEOUT, Scenario, ScenarioSpec, fault_seed, term_violations,
 };
@@ -84,6 +84,7 @@ fn ms(rng: &mut StdRng, range: std::ops::Range<u64>) -> Duration {
 /// writes; check everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_faults_never_break_fencing() {
+    crate::use_tested_binary();
     let seed = fault_seed("random mix");
     let secs: u64 = std::env::var("PALISADE_SOAK_SECS")
         .ok()
@@ -141,13 +142,13 @@ async fn random_faults_never_break_fencing() {
             Fault::SlowLinks => {
                 let d = ms(&mut rng, 500..2000);
                 let delay = rng.random_range(50..400);
-                let faults = LinkFaults {
+                let faults = FaultSpec {
                     delay_ms: ids
                         .iter()
                         .filter(|&&p| p != id)
                         .map(|&p| (p, delay))
                         .collect(),
-                    ..LinkFaults::default()
+                    ..FaultSpec::default()
                 };
                 s.cluster
                     .node(id)

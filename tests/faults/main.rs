@@ -30,3 +30,12 @@ mod fault_random_mix;
 
 /// The `palisade` binary Cargo built for these tests, failpoints included.
 const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");
+
+/// Names [`PALISADE`] as the binary every launcher of `palisade_cluster` runs, in this
+/// whole test process, and returns its path. Every test calls it first: the launchers
+/// guess no binary (one found in `target/` may be stale or lack the failpoints), so a test
+/// that forgot would fail saying so, never run another binary.
+fn use_tested_binary() -> &'static str {
+    palisade_cluster::set_palisade_bin(PALISADE);
+    PALISADE
+}

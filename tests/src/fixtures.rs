@@ -1,9 +1,10 @@
-//! Set-ups several proxy tests share: a proxy in front of a recording upstream, and a
-//! write held in flight at that upstream.
+//! Set-ups several proxy tests share: a proxy in front of a recording upstream, a write
+//! held in flight at that upstream, and a typed client of the proxy's admin API.
 
 use std::path::Path;
 use std::time::Duration;
 
+use palisade_client::ProxyAdmin;
 use tokio::task::JoinHandle;
 
 use crate::client::{Answer, put};
@@ -54,4 +55,10 @@ pub async fn hold_in_flight(
     )
     .await;
     handle
+}
+
+/// A typed client of `proxy`'s admin API with the client's default timeout (long enough
+/// for an advance that waits at the barrier), or panics with the cause.
+pub fn admin(proxy: &ProxyProcess) -> ProxyAdmin {
+    ProxyAdmin::new(&proxy.admin_url("")).unwrap_or_else(|e| panic!("{e}"))
 }

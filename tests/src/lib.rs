@@ -14,13 +14,13 @@
 //! - `wait`: waiting for a condition with a deadline; a timeout panics.
 //! - `process`: a panicking facade over `palisade_cluster`'s launchers, and waiting for a
 //!   child to stop at a failpoint.
-//! - a re-export of `palisade_cluster`'s `client`.
+//! - `client`: raw HTTP requests (exactly the headers given), panicking on a failed
+//!   exchange.
 // A harness for tests only: a failed set-up step should panic with its cause, as a test
 // would, so the workspace's library rule against unwrap/expect is lifted here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
 
-pub use palisade_cluster::client;
-
+pub mod client;
 pub mod fixtures;
 pub mod netns;
 pub mod scenario;

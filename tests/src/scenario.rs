@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 use http::Method;
 use palisade_cluster::history::{self, History, Outcome, Recorder, Report};
 use palisade_cluster::worker::{Event, WorkerLine, WorkerProcess, WorkerSpec};
-use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, Leadership, client};
-
+use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec};
 use palisade_protocol::process::{EVENT_FIELD, FAILPOINT_STOP_ENV, TEST_FAULTS_ENV, events};
-use palisade_protocol::{DEFAULT_SCOPE, FenceView, Scope, admin, headers, node};
+use palisade_protocol::{DEFAULT_SCOPE, LeaderView, headers};
 
 use crate::netns::NetnsNet;
 use crate::upstream::RecordingUpstream;
@@ -351,7 +350,7 @@ impl Scenario {
 
     /// Waits for an established leader above term `above` (skipping `except`) whose token
     /// the proxy's fence equals: elected, established and announced. Pumps meanwhile.
-    pub async fn wait_announced_leader(&mut self, above: u64, except: Option<u64>) -> Leadership {
+    pub async fn wait_announced_leader(&mut self, above: u64, except: Option<u64>) -> LeaderView {
         let deadline = Instant::now() + ELECTION_TIMEOUT;
         loop {
             self.pump();
@@ -410,8 +409,12 @@ pub struct Seen {
     /// When.
     pub at: Instant,
     /// What the node said.
-    pub leadership: Leadership,
+    pub leadership: LeaderView,
 }
+
+/// Longest one poll of the [`Monitor`] waits for an answer: a paused node must not hold
+/// up the polls of the others for long.
+const MONITOR_QUERY_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Polls every node's leadership and the proxy's fence in the background, to check terms
 /// and fences over a whole run.
@@ -430,47 +433,36 @@ impl Drop for Monitor {
 }
 
 impl Monitor {
-    /// Starts polling `cluster`'s nodes (by their API addresses, which survive restarts)
-    /// and its proxy's fence every `period`.
+    /// Starts polling `cluster`'s nodes (through their API clients, whose addresses
+    /// survive restarts) and its proxy's fence every `period`.
     pub fn start(cluster: &Cluster, period: Duration) -> Self {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let fences = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for node in &cluster.nodes {
-            let url = node.api_url(node::LEADER_PATH);
+            let api = node.api().clone().timeout(MONITOR_QUERY_TIMEOUT);
             let seen = Arc::clone(&seen);
             tasks.push(tokio::spawn(async move {
                 loop {
-                    if let Ok(a) = client::try_send_within(
-                        Method::GET,
-                        &url,
-                        &[],
-                        "",
-                        Duration::from_millis(500),
-                    )
-                    .await
-                        && let Ok(l) = serde_json::from_slice::<Leadership>(&a.body)
-                    {
+                    if let Ok(leadership) = api.leader().await {
                         seen.lock().unwrap().push(Seen {
                             at: Instant::now(),
-                            leadership: l,
+                            leadership,
                         });
                     }
                     tokio::time::sleep(period).await;
                 }
             }));
         }
-        let url = cluster
+        let admin = cluster
             .proxy
-            .admin_url(&admin::fence_path(&Scope::default()));
+            .admin_client()
+            .clone()
+            .timeout(MONITOR_QUERY_TIMEOUT);
         let fences_task = Arc::clone(&fences);
         tasks.push(tokio::spawn(async move {
             loop {
-                if let Ok(a) =
-                    client::try_send_within(Method::GET, &url, &[], "", Duration::from_millis(500))
-                        .await
-                    && let Ok(fence) = serde_json::from_slice::<FenceView>(&a.body)
-                {
+                if let Ok(fence) = admin.fence(DEFAULT_SCOPE).await {
                     fences_task.lock().unwrap().push(fence.token);
                 }
                 tokio::time::sleep(period).await;
@@ -493,7 +485,7 @@ impl Monitor {
     /// polls never got through cannot pass, no answer from the nodes or no fence reading
     /// at all. With the count of answers.
     pub fn violations(&self) -> (usize, Vec<String>) {
-        let seen: Vec<Leadership> = self.seen().into_iter().map(|s| s.leadership).collect();
+        let seen: Vec<LeaderView> = self.seen().into_iter().map(|s| s.leadership).collect();
         let fences = self.fences.lock().unwrap().clone();
         let mut out = view_violations(&seen, &fences);
         if seen.is_empty() {
@@ -509,7 +501,7 @@ impl Monitor {
 /// Violations in leadership answers (each node's in the order it gave them) and in the
 /// proxy's fence readings (in order): a term with two established leaders, a node whose
 /// term went back, the fence going down.
-pub fn view_violations(seen: &[Leadership], fences: &[u64]) -> Vec<String> {
+pub fn view_violations(seen: &[LeaderView], fences: &[u64]) -> Vec<String> {
     let mut out = Vec::new();
     let mut leaders: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
     let mut last: BTreeMap<u64, u64> = BTreeMap::new();
@@ -679,20 +671,21 @@ pub fn outcome_of(answer: &palisade_cluster::Result<palisade_cluster::client::An
 
 #[cfg(test)]
 mod tests {
+    use palisade_protocol::Role;
+
     use super::*;
 
-    fn view(node_id: u64, term: u64, token: Option<u64>) -> Leadership {
-        Leadership {
+    fn view(node_id: u64, term: u64, token: Option<u64>) -> LeaderView {
+        LeaderView {
             node_id,
-            scope: DEFAULT_SCOPE.to_owned(),
+            scope: palisade_protocol::Scope::default(),
             term,
-            leader_id: 0,
+            leader_id: None,
             role: if token.is_some() {
-                "leader"
+                Role::Leader
             } else {
-                "follower"
-            }
-            .to_owned(),
+                Role::Follower
+            },
             token,
             announced: token.is_some(),
         }
