@@ -33,7 +33,8 @@ fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
     );
 }
 
-/// Goal: bad options are usage errors (exit 2) that name the option.
+/// Goal: bad options are usage errors (exit 2) that name the option. Method: run the
+/// demo with too few nodes and with a zero pause.
 #[test]
 fn demo_refuses_bad_options_with_exit_2() {
     crate::use_tested_binary();

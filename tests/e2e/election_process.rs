@@ -237,8 +237,8 @@ fn config_errors_exit_2_naming_the_field() {
         "127.0.0.1:0",
     ];
     let cases: [(&[&str], &str); 2] = [
-        (&["--id", "1", "--election-ticks", "1"], "election"),
-        (&["--election-ticks", "5"], "id"),
+        (&["--id", "1", "--election-ticks", "1"], "--election-ticks"),
+        (&["--election-ticks", "5"], "--id"),
     ];
     for (extra, field) in cases {
         let out = std::process::Command::new(crate::PALISADE)

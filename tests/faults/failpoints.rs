@@ -27,7 +27,8 @@ fn no_failpoints_help() -> String {
     )
 }
 
-/// Goal: the failpoint probe the scenarios start with agrees with this binary.
+/// Goal: the failpoint probe the scenarios start with finds the failpoints in the binary
+/// Cargo built for these tests. Method: `require_failpoints` on it.
 #[test]
 fn the_tested_binary_has_failpoints_compiled_in() {
     crate::use_tested_binary();
@@ -135,7 +136,8 @@ async fn client_stops_before_send_until_continued() {
 }
 
 /// Goal: a misspelt failpoint in `PALISADE_FAILPOINT_STOP` is a usage error (exit 2)
-/// naming it, not a scenario that silently never stops.
+/// naming it, not a scenario that silently never stops. Method: run `palisade fence`
+/// with a misspelt name; read the exit code and stderr.
 #[test]
 fn unknown_stop_failpoint_is_a_usage_error() {
     crate::use_tested_binary();

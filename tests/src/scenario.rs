@@ -692,6 +692,7 @@ mod tests {
     }
 
     /// Goal: each view check fires on a made-up violation and not on a clean run.
+    /// Method: hand-made leadership views and fence readings.
     #[test]
     fn view_checks_catch_reused_terms_terms_going_back_and_fences_going_down() {
         let clean = [view(1, 2, Some(2)), view(2, 2, None), view(2, 3, Some(3))];
