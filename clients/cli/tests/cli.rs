@@ -1,9 +1,6 @@
 //! The `palisade` client subcommands (`put`, `get`, `delete`, `fence`, `leader`) as a
 //! user runs them: the binary of this build against a real `palisade proxy` started from
 //! the same binary, checking stdout, stderr and exit codes.
-//!
-//! These tests also make `cargo test --workspace` build the `palisade` binary, which the
-//! `palisade-tests` crate runs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap: a failed step panics with its cause.
 
