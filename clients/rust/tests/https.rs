@@ -118,3 +118,23 @@ async fn untrusted_certificate_is_a_clear_tls_error() {
     assert_eq!(missing.status(), Some(StatusCode::NOT_FOUND), "{missing}");
     proxy.shutdown();
 }
+
+/// Goal: a client certificate and key in PEM files load as the client's TLS identity,
+/// and a file that holds no key is refused when the settings are made, naming TLS.
+/// Method: rcgen certificate and key files; then the certificate given as its own key.
+#[test]
+fn client_identity_loads_from_pem_files() {
+    let dir = tempfile::tempdir().unwrap();
+    write_certificates(dir.path());
+    let cert = dir.path().join("server.pem");
+    let key = dir.path().join("server.key");
+    let tls = ClientTls::new().identity_pem_files(&cert, &key).unwrap();
+    FencedClient::builder("https://127.0.0.1:1", Arc::new(StaticToken::new(1)))
+        .tls(tls)
+        .build()
+        .unwrap();
+    let err = ClientTls::new()
+        .identity_pem_files(&cert, &cert)
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Tls { .. }), "{err}");
+}

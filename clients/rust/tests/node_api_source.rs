@@ -17,8 +17,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use palisade_client::{Leadership, NodeApiSource, TokenSource};
-use serde_json::json;
+use palisade_client::{LeaderView, Leadership, NodeApiSource, Role, Scope, TokenSource};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -29,7 +28,7 @@ const SEEN_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, PartialEq)]
 struct View {
     term: u64,
-    role: &'static str,
+    role: Role,
     token: Option<u64>,
     /// While true the node accepts connections but never answers (a paused process).
     hung: bool,
@@ -126,16 +125,17 @@ async fn answer(
         }
     }
     let v = rx.borrow().clone();
-    let body = json!({
-        "node_id": 1,
-        "scope": "default",
-        "term": v.term,
-        "leader_id": if v.role == "leader" { 1 } else { 2 },
-        "role": v.role,
-        "token": v.token,
-        "announced": v.token.is_some(),
-    });
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    let body = LeaderView {
+        node_id: 1,
+        scope: Scope::default(),
+        term: v.term,
+        leader_id: Some(if v.role == Role::Leader { 1 } else { 2 }),
+        role: v.role,
+        token: v.token,
+        announced: v.token.is_some(),
+    };
+    let body = serde_json::to_vec(&body).unwrap();
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = StatusCode::OK;
     Ok(response)
 }
@@ -143,7 +143,7 @@ async fn answer(
 fn follower(term: u64) -> View {
     View {
         term,
-        role: "follower",
+        role: Role::Follower,
         token: None,
         hung: false,
     }
@@ -152,7 +152,7 @@ fn follower(term: u64) -> View {
 fn leader(term: u64, token: Option<u64>) -> View {
     View {
         term,
-        role: "leader",
+        role: Role::Leader,
         token,
         hung: false,
     }
