@@ -37,13 +37,13 @@ pub mod wait;
 pub mod worker;
 
 pub use cluster::{Cluster, ClusterOptions, ClusterSpec, NodeHost};
-pub use node::{NodeProcess, NodeSpec};
+pub use node::{NodeProcess, NodeSpec, QUERY_TIMEOUT};
 pub use palisade_protocol::{FaultSpec, LeaderView, Role};
 pub use process::{
     ChildGuard, Launch, Lines, PALISADE_BIN_ENV, palisade_bin, require_failpoints,
     set_palisade_bin, spawn_launch, spawn_until, spawn_until_line,
 };
-pub use proxy::ProxyProcess;
+pub use proxy::{ADMIN_QUERY_TIMEOUT, ProxyProcess};
 
 /// Why a cluster operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -6,9 +6,8 @@
 //! with its name and sequence number in the headers `X-Writer` and `X-Seq` so a recording
 //! upstream can name each applied write. It prints one JSON [`Event`] per line on stdout.
 //! Started with `PALISADE_FAILPOINT_STOP=client-before-send` (a build with failpoints), it
-//! stops itself before every send, after printing a
-//! [`FailpointStop`](palisade_protocol::process::FailpointStop) line; a test continues it
-//! with `SIGCONT` when it chooses.
+//! stops itself before every send, after printing a [`FailpointStop`] line; a test
+//! continues it with `SIGCONT` when it chooses.
 
 use std::path::Path;
 
