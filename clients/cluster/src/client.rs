@@ -14,7 +14,7 @@ use palisade_protocol::Problem;
 use crate::{ClusterError, Result};
 
 /// Longest one request may take by default.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub const REQUEST_TIMEOUT_MS: u64 = 30_000;
 
 /// A whole response.
 #[derive(Debug)]
@@ -78,7 +78,14 @@ pub async fn try_send(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Result<Answer> {
-    try_send_within(method, url, headers, body, REQUEST_TIMEOUT).await
+    try_send_within(
+        method,
+        url,
+        headers,
+        body,
+        Duration::from_millis(REQUEST_TIMEOUT_MS),
+    )
+    .await
 }
 
 /// Like [`try_send`], with a timeout of the caller's choosing.

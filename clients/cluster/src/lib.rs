@@ -37,13 +37,13 @@ pub mod wait;
 pub mod worker;
 
 pub use cluster::{Cluster, ClusterOptions, ClusterSpec, NodeHost};
-pub use node::{NodeProcess, NodeSpec, QUERY_TIMEOUT};
+pub use node::{NodeProcess, NodeSpec, QUERY_TIMEOUT_MS};
 pub use palisade_protocol::{FaultSpec, LeaderView, Role};
 pub use process::{
     ChildGuard, Launch, Lines, PALISADE_BIN_ENV, palisade_bin, require_failpoints,
     set_palisade_bin, spawn_launch, spawn_until, spawn_until_line,
 };
-pub use proxy::{ADMIN_QUERY_TIMEOUT, ProxyProcess};
+pub use proxy::{ADMIN_QUERY_TIMEOUT_MS, ProxyProcess};
 
 /// Why a cluster operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,7 @@ use crate::process::{ChildGuard, Launch, spawn_until};
 use crate::{ClusterError, Result};
 
 /// Timeout of one leadership query: short, so a paused node reads as "no answer".
-pub const QUERY_TIMEOUT: Duration = Duration::from_millis(500);
+pub const QUERY_TIMEOUT_MS: u64 = 500;
 
 /// How to start one node.
 #[derive(Debug, Clone)]
@@ -71,7 +71,7 @@ pub struct NodeProcess {
     pub guard: ChildGuard,
     /// How it was started (to restart it the same way).
     pub spec: NodeSpec,
-    /// A client of its API, with reads limited to [`QUERY_TIMEOUT`].
+    /// A client of its API, with reads limited to [`QUERY_TIMEOUT_MS`].
     api: NodeApi,
     /// Directory of its logs.
     log_dir: PathBuf,
@@ -87,7 +87,7 @@ impl NodeProcess {
                 what: format!("a client of node {} at {url}", spec.id),
                 source,
             })?
-            .timeout(QUERY_TIMEOUT);
+            .timeout(Duration::from_millis(QUERY_TIMEOUT_MS));
         let guard = Self::spawn(&spec, log_dir, 0)?;
         Ok(Self {
             guard,
@@ -158,7 +158,7 @@ impl NodeProcess {
             })
     }
 
-    /// A client of this node's API (reads limited to [`QUERY_TIMEOUT`]): transfer,
+    /// A client of this node's API (reads limited to [`QUERY_TIMEOUT_MS`]): transfer,
     /// resign, health, faults.
     pub fn api(&self) -> &NodeApi {
         &self.api
@@ -174,7 +174,7 @@ impl NodeProcess {
         format!("http://{}{path}", self.spec.api)
     }
 
-    /// Its leadership, or `None` when it does not answer within [`QUERY_TIMEOUT`]
+    /// Its leadership, or `None` when it does not answer within [`QUERY_TIMEOUT_MS`]
     /// (paused, killed, or busy).
     pub async fn leadership(&self) -> Option<LeaderView> {
         self.api.leader().await.ok()

@@ -13,7 +13,7 @@ use palisade_protocol::process::{FAILPOINT_STOP_ENV, FailpointStop};
 use crate::{ClusterError, Result};
 
 /// Longest a child may take to report that it is ready.
-pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+pub const START_TIMEOUT_MS: u64 = 30_000;
 /// Log lines shown when a child fails.
 const LOG_TAIL_LINES: usize = 40;
 
@@ -307,12 +307,12 @@ pub fn spawn_until(
             }
         });
     }
-    match ready_rx.recv_timeout(START_TIMEOUT) {
+    match ready_rx.recv_timeout(Duration::from_millis(START_TIMEOUT_MS)) {
         Ok(line) => Ok((guard, line, lines_rx)),
         Err(mpsc::RecvTimeoutError::Timeout | mpsc::RecvTimeoutError::Disconnected) => {
             Err(ClusterError::NotReady {
                 what: name.to_owned(),
-                timeout_ms: u64::try_from(START_TIMEOUT.as_millis()).unwrap_or(u64::MAX),
+                timeout_ms: START_TIMEOUT_MS,
                 log_tail: guard.log_tail(),
             })
         }

@@ -13,7 +13,7 @@ use crate::process::{ChildGuard, Launch, Lines, spawn_until};
 use crate::{ClusterError, Result};
 
 /// Timeout of one admin query: short, so a paused proxy reads as "no answer".
-pub const ADMIN_QUERY_TIMEOUT: Duration = Duration::from_millis(500);
+pub const ADMIN_QUERY_TIMEOUT_MS: u64 = 500;
 
 /// Attempts to start a restarted proxy on its old ports: right after a `kill -9` the
 /// kernel may still hold a port for a moment.
@@ -173,23 +173,23 @@ impl ProxyProcess {
     }
 
     /// A client of the admin API (fences, advance, health), each call limited to
-    /// [`ADMIN_QUERY_TIMEOUT`].
+    /// [`ADMIN_QUERY_TIMEOUT_MS`].
     pub fn admin_client(&self) -> &ProxyAdmin {
         &self.admin_client
     }
 
     /// The proxy's fence for `scope` (0 when never seen), or `None` if it does not
-    /// answer within [`ADMIN_QUERY_TIMEOUT`].
+    /// answer within [`ADMIN_QUERY_TIMEOUT_MS`].
     pub async fn fence(&self, scope: &str) -> Option<u64> {
         self.admin_client.fence(scope).await.ok().map(|f| f.token)
     }
 }
 
-/// A client of the admin API at `admin`, each call limited to [`ADMIN_QUERY_TIMEOUT`].
+/// A client of the admin API at `admin`, each call limited to [`ADMIN_QUERY_TIMEOUT_MS`].
 fn admin_client(admin: SocketAddr) -> Result<ProxyAdmin> {
     let url = format!("http://{admin}");
     ProxyAdmin::new(&url)
-        .map(|client| client.timeout(ADMIN_QUERY_TIMEOUT))
+        .map(|client| client.timeout(Duration::from_millis(ADMIN_QUERY_TIMEOUT_MS)))
         .map_err(|source| ClusterError::Client {
             what: format!("a client of the proxy's admin API at {url}"),
             source,

@@ -25,7 +25,7 @@ pub const WRITER_HEADER: &str = "x-writer";
 /// The request header with the writer's sequence number.
 pub const SEQ_HEADER: &str = "x-seq";
 /// Longest wait for a killed worker's last stdout lines.
-const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const DRAIN_TIMEOUT_MS: u64 = 5_000;
 /// The scope workers write in (they send no `Fencing-Scope`).
 pub const WORKER_SCOPE: &str = "default";
 
@@ -215,7 +215,7 @@ impl WorkerProcess {
     pub fn kill9_and_drain(&mut self) -> Vec<WorkerLine> {
         self.guard.kill9();
         self.lines
-            .drain_to_end(DRAIN_TIMEOUT)
+            .drain_to_end(std::time::Duration::from_millis(DRAIN_TIMEOUT_MS))
             .iter()
             .map(|l| WorkerLine::parse(l))
             .collect()

@@ -34,7 +34,7 @@ const TRIAL_TIMEOUT: Duration = Duration::from_secs(30);
 const POLL_MS_MIN: u64 = 1;
 /// Timeout of one poll of a node: a node that is not paused answers in well under a
 /// millisecond on loopback, so a slow answer only means a busy machine.
-const QUERY_TIMEOUT: Duration = Duration::from_millis(500);
+const QUERY_TIMEOUT_MS: u64 = 500;
 /// Longest total run allowed by `--budget-s`.
 const BUDGET_S_MAX: u64 = 24 * 3600;
 
@@ -274,7 +274,11 @@ async fn one_trial(
         .nodes
         .iter()
         .filter(|n| n.id() != leader.node_id)
-        .map(|n| n.api().clone().timeout(QUERY_TIMEOUT))
+        .map(|n| {
+            n.api()
+                .clone()
+                .timeout(Duration::from_millis(QUERY_TIMEOUT_MS))
+        })
         .collect();
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
 
