@@ -8,6 +8,11 @@
 //! stops. A request that timed out is [`ClientError::Indeterminate`]: it may have been
 //! applied.
 //!
+//! Every client here ([`FencedClient`], [`ProxyAdmin`], [`NodeApi`], [`NodeApiSource`])
+//! runs on one reqwest transport with rustls: `http://` and `https://` URLs, the system's
+//! roots plus any CA or client certificate given in a [`ClientTls`]; a failed handshake
+//! is [`ClientError::Tls`], never retried.
+//!
 //! ```text
 //! worker ──> FencedClient ──(Fencing-Token, Fencing-Scope)──> palisade proxy ──> storage
 //!               │   ▲                                             │
