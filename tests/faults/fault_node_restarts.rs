@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use palisade_tests::scenario::{Monitor, Scenario, ScenarioSpec, fault_seed, term_violations};
+use palisade_tests::scenario::{Scenario, ScenarioSpec, fault_seed};
+use palisade_tests::terms::{Monitor, term_violations};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 

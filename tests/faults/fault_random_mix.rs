@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 
 use palisade_cluster::history::Outcome;
 use palisade_protocol::FaultSpec;
-use palisade_tests::scenario::{
-    Monitor, STEP_TIMEOUT, Scenario, ScenarioSpec, fault_seed, term_violations,
-};
+use palisade_tests::scenario::{STEP_TIMEOUT, Scenario, ScenarioSpec, fault_seed};
+use palisade_tests::terms::{Monitor, term_violations};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 

@@ -9,8 +9,9 @@
 //! - `netns`: real partitions: nodes in network namespaces, cut off with nft drop rules
 //!   (root only).
 //! - `scenario`: fault scenarios: a cluster with test faults, the recording upstream, a
-//!   worker per node stopping at a failpoint on demand, the history of every write, and
-//!   term checks over a whole run.
+//!   worker per node stopping at a failpoint on demand, and the history of every write.
+//! - `terms`: term and fence checks over a whole run, from polled views and the nodes'
+//!   logs (their `event` field).
 //! - `wait`: waiting for a condition with a deadline; a timeout panics.
 //! - `process`: a panicking facade over `palisade_cluster`'s launchers, and waiting for a
 //!   child to stop at a failpoint.
@@ -24,6 +25,7 @@ pub mod client;
 pub mod fixtures;
 pub mod netns;
 pub mod scenario;
+pub mod terms;
 pub mod upstream;
 pub mod wait;
 
