@@ -25,9 +25,9 @@ use crate::transport::{
 pub const REQUEST_TIMEOUT_MS: u64 = 10_000;
 /// Default number of retries after the first attempt, for requests that may be retried.
 pub const RETRIES_MAX: u32 = 3;
-/// Default first backoff between attempts; doubles each time.
+/// Default first backoff between attempts (before jitter); doubles each time.
 pub const BACKOFF_INITIAL_MS: u64 = 100;
-/// Default longest backoff between attempts.
+/// Default longest backoff between attempts, before jitter.
 pub const BACKOFF_MAX_MS: u64 = 2_000;
 /// Longest a server's `Retry-After` is honoured; the proxy asks for 1 s.
 pub const RETRY_AFTER_MAX_MS: u64 = 5_000;
@@ -76,8 +76,10 @@ impl FencedClientBuilder {
         self
     }
 
-    /// Backoff between attempts: first `initial`, doubling up to `max`
-    /// (defaults [`BACKOFF_INITIAL_MS`], [`BACKOFF_MAX_MS`]).
+    /// Backoff between attempts: [`backoff::exponential`] from `initial`, doubling up to
+    /// `max`, each delay plus up to as much again of jitter (defaults
+    /// [`BACKOFF_INITIAL_MS`], [`BACKOFF_MAX_MS`]). A server's `Retry-After` (up to
+    /// [`RETRY_AFTER_MAX_MS`]) is waited for when it is longer.
     #[must_use]
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.options.backoff_initial = initial;
@@ -302,9 +304,18 @@ impl FencedClient {
                 Ok(answer) => return Err(answer.status_error()),
                 Err(Failure::Connect(reason)) => Outcome::Unreachable(reason),
                 Err(Failure::Tls(reason)) => {
-                    return Err(ClientError::Tls {
-                        url: self.base.as_str().to_owned(),
-                        reason,
+                    // As below: an earlier attempt that may have been applied keeps the
+                    // call indeterminate.
+                    return Err(match last {
+                        Some(Outcome::Indeterminate(earlier)) => ClientError::Indeterminate {
+                            method: request.method.clone(),
+                            attempts: attempt,
+                            reason: format!("{earlier}; then TLS failed: {reason}"),
+                        },
+                        _ => ClientError::Tls {
+                            url: self.base.as_str().to_owned(),
+                            reason,
+                        },
                     });
                 }
                 Err(Failure::Invalid(reason)) => return Err(ClientError::InvalidRequest(reason)),
