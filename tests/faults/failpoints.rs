@@ -1,8 +1,8 @@
 //! The failpoints the fault scenarios rely on, in the very `palisade` binary the tests
 //! run: Cargo builds it for these tests with the `failpoints` features (palisade-cli's
 //! dev-dependencies turn them on), and these tests fail, saying so, if it has none.
-//! Release builds made with `cargo build --release` have none: see the README's Tests
-//! section for the check.
+//! Binaries made with a plain `cargo build` or `cargo build --release` have none:
+//! docs/testing.md says how to check.
 
 use std::time::Duration;
 
