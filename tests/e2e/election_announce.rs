@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use palisade_cluster::{Cluster, ClusterSpec};
+use palisade_cluster::{ClusterOptions, ClusterSpec};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::headers::FENCING_TOKEN_CURRENT;
 use palisade_tests::client::{put, send};
+use palisade_tests::process::start_cluster;
 
 /// Generous bound for an election at 20 ms ticks on a loaded 2-core machine.
 const ELECTION_TIMEOUT: Duration = Duration::from_secs(20);
@@ -28,7 +29,7 @@ fn spec() -> ClusterSpec {
 async fn new_leader_fences_the_proxy_without_writing() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(dir.path(), &spec()).unwrap();
+    let cluster = start_cluster(dir.path(), &spec(), &ClusterOptions::default());
 
     let first = cluster
         .wait_for_leader(0, None, ELECTION_TIMEOUT)

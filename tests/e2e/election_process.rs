@@ -10,6 +10,7 @@ use nix::sys::signal::Signal;
 use palisade_client::NodeApi;
 use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec};
 use palisade_protocol::{DEFAULT_SCOPE, LeaderView, Role};
+use palisade_tests::process::start_cluster;
 use palisade_tests::wait::until;
 
 /// Generous deadline for anything that takes a few election timeouts.
@@ -26,7 +27,7 @@ fn start(dir: &std::path::Path) -> Cluster {
         announce: false,
         ..ClusterOptions::default()
     };
-    Cluster::start_with(dir, &spec, &options).unwrap()
+    start_cluster(dir, &spec, &options)
 }
 
 async fn settled(c: &Cluster, ids: &[u64], what: &str) -> LeaderView {

@@ -183,9 +183,11 @@ async fn minority_leader_in_a_network_namespace_is_fenced_out() {
 async fn test_fault_route_is_absent_unless_enabled() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let cluster =
-        palisade_cluster::Cluster::start(dir.path(), &palisade_cluster::ClusterSpec::default())
-            .unwrap();
+    let cluster = palisade_tests::process::start_cluster(
+        dir.path(),
+        &palisade_cluster::ClusterSpec::default(),
+        &palisade_cluster::ClusterOptions::default(),
+    );
     for node in &cluster.nodes {
         let err = node
             .api()

@@ -35,7 +35,7 @@ pub mod process {
     use std::time::Duration;
 
     pub use palisade_cluster::ChildGuard;
-    use palisade_cluster::Lines;
+    use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, Lines};
     use palisade_protocol::process::FailpointStop;
 
     /// A running `palisade proxy`.
@@ -44,6 +44,33 @@ pub mod process {
     /// Starts a proxy in `dir` with `extra` flags, or panics with the cause.
     pub fn start_proxy(dir: &Path, extra: &[&str]) -> ProxyProcess {
         palisade_cluster::ProxyProcess::start(dir, extra).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts of a cluster tried before giving up, when ports it picked were taken first.
+    const CLUSTER_START_ATTEMPTS: usize = 3;
+
+    /// Starts a cluster in a fresh subdirectory of `dir`, or panics with the cause. The
+    /// launcher picks free ports by binding port 0 and releasing it, so another process
+    /// (a test running in parallel, or an outgoing connection given that port as its
+    /// ephemeral source) may take one before the node binds it: such a start is retried
+    /// with new ports, up to [`CLUSTER_START_ATTEMPTS`] times; any other failure panics at
+    /// once.
+    pub fn start_cluster(dir: &Path, spec: &ClusterSpec, options: &ClusterOptions) -> Cluster {
+        let mut attempt = 1;
+        loop {
+            let at = dir.join(format!("cluster-{attempt}"));
+            match Cluster::start_with(&at, spec, options) {
+                Ok(cluster) => return cluster,
+                Err(e)
+                    if attempt < CLUSTER_START_ATTEMPTS
+                        && e.to_string().contains("Address already in use") =>
+                {
+                    eprintln!("cluster start {attempt} lost a port race, retrying: {e}");
+                    attempt += 1;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 
     /// Waits for a child's line saying it stopped at a failpoint (skipping other lines),

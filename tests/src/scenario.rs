@@ -144,8 +144,7 @@ impl Scenario {
             options.node_hosts = net.node_hosts();
             options.proxy_host = net.host_ip();
         }
-        let cluster = Cluster::start_with(dir.path(), &cluster_spec, &options)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let cluster = crate::process::start_cluster(dir.path(), &cluster_spec, &options);
         let mut workers = BTreeMap::new();
         for node in cluster.nodes.iter().filter(|_| spec.workers) {
             let spec = WorkerSpec {
