@@ -94,6 +94,7 @@ impl ApiState {
             role: l.role,
             token: l.token,
             announced: l.announced,
+            proof: None,
         }
     }
 }
@@ -401,6 +402,7 @@ mod tests {
                 role: Role::Follower,
                 token: None,
                 announced: false,
+                proof: None,
             }
         );
     }

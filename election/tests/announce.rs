@@ -124,7 +124,7 @@ async fn token_is_announced_to_every_proxy() {
             r.split_once(" HTTP/1.1 ").is_some_and(|(line, body)| {
                 line == "POST /v1/fences/orders"
                     && serde_json::from_str::<AdvanceRequest>(body).ok()
-                        == Some(AdvanceRequest { token })
+                        == Some(AdvanceRequest { token, proof: None })
             })
         };
         assert!(seen.iter().any(advanced_to_token), "{seen:?}");

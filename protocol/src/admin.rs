@@ -17,6 +17,11 @@ pub const HEALTHZ_PATH: &str = "/healthz";
 /// Prometheus metrics, on the admin port and on the node API.
 pub const METRICS_PATH: &str = "/metrics";
 
+/// The path of one scope's reset (`POST`, admin credential required).
+pub fn reset_path(scope: &Scope) -> String {
+    format!("{FENCES_PATH}/{scope}/reset")
+}
+
 /// The path of one scope's fence.
 pub fn fence_path(scope: &Scope) -> String {
     format!("{FENCES_PATH}/{scope}")
@@ -39,11 +44,15 @@ pub struct FenceList {
 }
 
 /// `POST /v1/fences/{scope}`: advance the fence without a write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdvanceRequest {
     /// The new fence; a lower one is refused with 409.
     pub token: u64,
+    /// The token's proof from the leader view; with a valid one, a proxy that checks
+    /// proofs needs no other credential for the advance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proof: Option<String>,
 }
 
 /// The answer to an advance.
@@ -55,4 +64,29 @@ pub struct AdvanceResponse {
     pub token: u64,
     /// Whether the fence moved (false when it already was `token`).
     pub advanced: bool,
+}
+
+/// Longest reset reason, in bytes: a sentence or two for the audit trail.
+pub const RESET_REASON_BYTES_MAX: usize = 512;
+
+/// `POST /v1/fences/{scope}/reset`: set the fence to any value, lower included. The only
+/// way a fence goes down; an operator's recovery from a forged or mistaken raise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResetRequest {
+    /// The new fence.
+    pub token: u64,
+    /// Why, for the log and the audit trail: 1 to [`RESET_REASON_BYTES_MAX`] bytes.
+    pub reason: String,
+}
+
+/// The answer to a reset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetResponse {
+    /// The scope.
+    pub scope: Scope,
+    /// The fence before the reset.
+    pub previous: u64,
+    /// The fence now.
+    pub token: u64,
 }

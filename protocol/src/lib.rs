@@ -20,6 +20,7 @@
 //! - `admin`: the proxy's admin API: paths and bodies.
 //! - `node`: the node API: paths, [`LeaderView`], [`Role`], transfers, test faults.
 //! - `store`: the embedded object store's answers: [`StoredObject`], [`KeyList`].
+//! - `proof`: the bytes a token proof signs ([`proof::proof_message`]).
 //! - `process`: ready lines, failpoint lines, environment variable names, log event names.
 //! - `server` (feature `server`): the control-plane stack on axum: problem+json errors,
 //!   extractors, and the accept loop the admin API and the node API share.
@@ -30,13 +31,16 @@ pub mod headers;
 pub mod node;
 pub mod problem;
 pub mod process;
+pub mod proof;
 pub mod scope;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod store;
 pub mod token;
 
-pub use admin::{AdvanceRequest, AdvanceResponse, FenceList, FenceView};
+pub use admin::{
+    AdvanceRequest, AdvanceResponse, FenceList, FenceView, ResetRequest, ResetResponse,
+};
 pub use node::{FaultSpec, Health, LeaderView, LongPoll, Role, TransferRequest, Transferred};
 pub use problem::Problem;
 pub use scope::{DEFAULT_SCOPE, SCOPE_BYTES_MAX, Scope, ScopeError};

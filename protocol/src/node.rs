@@ -69,6 +69,11 @@ pub struct LeaderView {
     pub token: Option<u64>,
     /// Whether every `--announce` proxy accepted `token`.
     pub announced: bool,
+    /// The token's proof (base64url Ed25519 signature over
+    /// [`crate::proof::proof_message`]): non-null exactly when `token` is and the node
+    /// holds the cluster's signing key. Clients send it as `Fencing-Token-Proof`.
+    #[serde(default)]
+    pub proof: Option<String>,
 }
 
 /// The query of a long poll on `GET /v1/leader`: answer once the term exceeds
@@ -168,7 +173,7 @@ mod tests {
     /// Method: parse the contract's example, write it back.
     #[test]
     fn leader_view_matches_the_contract() {
-        let text = r#"{"node_id":1,"scope":"default","term":7,"leader_id":2,"role":"follower","token":null,"announced":false}"#;
+        let text = r#"{"node_id":1,"scope":"default","term":7,"leader_id":2,"role":"follower","token":null,"announced":false,"proof":null}"#;
         let view: LeaderView = serde_json::from_str(text).unwrap();
         assert_eq!(view.role, Role::Follower);
         assert_eq!(view.leader_id, Some(2));

@@ -32,6 +32,10 @@ pub mod events {
     pub const STALE_REJECTED: &str = "stale-rejected";
     /// A proxy raised a fence.
     pub const FENCE_RAISED: &str = "fence-raised";
+    /// An operator reset a fence (possibly down).
+    pub const FENCE_RESET: &str = "fence-reset";
+    /// A proxy refused a token whose proof was missing or invalid.
+    pub const PROOF_REJECTED: &str = "proof-rejected";
 }
 
 /// `palisade proxy listening on ADDR (admin ADDR)`.

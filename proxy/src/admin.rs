@@ -101,7 +101,7 @@ async fn advance(
     body: Result<ApiJson<AdvanceRequest>, Problem>,
 ) -> Result<ApiJson<AdvanceResponse>, Problem> {
     let scope = scope_of(path).map_err(|err| err.to_problem())?;
-    let ApiJson(AdvanceRequest { token }) = body?;
+    let ApiJson(AdvanceRequest { token, .. }) = body?;
     // The same admission as a write: raise the fence, then wait at the barrier.
     let admitted = fencer.admit(&scope, token).await.map_err(|err| {
         tracing::info!(scope = %scope, token, cause = %err, "admin advance refused");

@@ -74,7 +74,7 @@ impl Harness {
     async fn advance(&self, scope: &str, token: u64) -> Response {
         self.client
             .post(self.admin(&format!("/v1/fences/{scope}")))
-            .json(&AdvanceRequest { token })
+            .json(&AdvanceRequest { token, proof: None })
             .send()
             .await
             .unwrap()

@@ -251,6 +251,7 @@ mod tests {
             },
             token,
             announced: token.is_some(),
+            proof: None,
         }
     }
 

@@ -89,7 +89,7 @@ impl ProxyAdmin {
             .transport
             .request(Method::POST, url)
             .header(http::header::ACCEPT, JSON)
-            .json(&AdvanceRequest { token });
+            .json(&AdvanceRequest { token, proof: None });
         let answer = self
             .transport
             .exchange(request, self.timeout)

@@ -133,6 +133,7 @@ async fn answer(
         role: v.role,
         token: v.token,
         announced: v.token.is_some(),
+        proof: None,
     };
     let body = serde_json::to_vec(&body).unwrap();
     let mut response = Response::new(Full::new(Bytes::from(body)));
