@@ -10,6 +10,10 @@
 //! answer that asking again cannot change (another 4xx, an answer that is not an advance
 //! response). When every proxy accepted the token the loop is told, and
 //! `Leadership::announced` becomes true.
+//!
+//! With a signing key, each announcement carries the token's proof, which a proxy holding
+//! the public key accepts without any other credential; `--announce-token-file` adds a
+//! bearer token for proxies whose admin API requires one.
 
 use std::time::Duration;
 
@@ -19,7 +23,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, warn};
 
-use crate::leadership::Leadership;
+use crate::leadership::{Leadership, TokenProof};
 use crate::metrics::NodeMetrics;
 use crate::node::Commands;
 
@@ -34,6 +38,8 @@ pub const ANNOUNCE_BACKOFF_MAX_MS: u64 = 2_000;
 pub(crate) struct Announcer {
     pub scope: String,
     pub urls: Vec<String>,
+    /// The bearer token of `--announce-token-file`, if any.
+    pub bearer: Option<String>,
     pub leadership: watch::Receiver<Leadership>,
     pub commands: Commands,
     pub metrics: NodeMetrics,
@@ -48,7 +54,13 @@ pub(crate) async fn run(a: Announcer) {
     let mut admins = Vec::with_capacity(a.urls.len());
     for url in &a.urls {
         match ProxyAdmin::new(url) {
-            Ok(admin) => admins.push(admin.timeout(timeout)),
+            Ok(admin) => {
+                let admin = admin.timeout(timeout);
+                admins.push(match &a.bearer {
+                    Some(bearer) => admin.with_bearer(bearer),
+                    None => admin,
+                });
+            }
             Err(err) => {
                 warn!(url = %url, cause = %err, "cannot announce to this proxy; tokens stay not announced");
                 return;
@@ -60,9 +72,9 @@ pub(crate) async fn run(a: Announcer) {
         // Each branch future yields a plain value: a watch guard must not live across an await.
         let waited = tokio::select! {
             () = a.shutdown.cancelled() => return,
-            w = async { rx.wait_for(|l| l.token.is_some() && !l.announced).await.map(|l| l.token) } => w,
+            w = async { rx.wait_for(|l| l.token.is_some() && !l.announced).await.map(|l| (l.token, l.proof)) } => w,
         };
-        let Ok(Some(token)) = waited else {
+        let Ok((Some(token), proof)) = waited else {
             return; // the loop stopped
         };
         let mut lost = rx.clone();
@@ -72,7 +84,7 @@ pub(crate) async fn run(a: Announcer) {
                 info!(token, "token withdrawn before every proxy accepted it");
                 continue;
             }
-            all = announce_all(&admins, &a, token) => all,
+            all = announce_all(&admins, &a, token, proof) => all,
         };
         if accepted {
             a.commands.announced(token).await;
@@ -89,12 +101,24 @@ pub(crate) async fn run(a: Announcer) {
 }
 
 /// Announces `token` to every proxy at once. True when all accepted it.
-async fn announce_all(admins: &[ProxyAdmin], a: &Announcer, token: u64) -> bool {
+async fn announce_all(
+    admins: &[ProxyAdmin],
+    a: &Announcer,
+    token: u64,
+    proof: Option<TokenProof>,
+) -> bool {
+    let proof = proof.map(|p| p.encode());
     let mut set = JoinSet::new();
     for admin in admins {
         set.spawn(
-            announce_one(admin.clone(), a.scope.clone(), token, a.metrics.clone())
-                .in_current_span(),
+            announce_one(
+                admin.clone(),
+                a.scope.clone(),
+                token,
+                proof.clone(),
+                a.metrics.clone(),
+            )
+            .in_current_span(),
         );
     }
     let mut all = true;
@@ -105,13 +129,22 @@ async fn announce_all(admins: &[ProxyAdmin], a: &Announcer, token: u64) -> bool 
 }
 
 /// Announces `token` to one proxy until it is accepted (true) or refused (false).
-async fn announce_one(admin: ProxyAdmin, scope: String, token: u64, metrics: NodeMetrics) -> bool {
+async fn announce_one(
+    admin: ProxyAdmin,
+    scope: String,
+    token: u64,
+    proof: Option<String>,
+    metrics: NodeMetrics,
+) -> bool {
     let mut delays = backoff::delays(
         Duration::from_millis(ANNOUNCE_BACKOFF_MIN_MS),
         Duration::from_millis(ANNOUNCE_BACKOFF_MAX_MS),
     );
     loop {
-        let err = match admin.advance(&scope, token).await {
+        let err = match admin
+            .advance_with_proof(&scope, token, proof.as_deref())
+            .await
+        {
             Ok(answer) => {
                 info!(url = %admin.url(), token, advanced = answer.advanced, "proxy accepted the token");
                 return true;

@@ -94,7 +94,7 @@ impl ApiState {
             role: l.role,
             token: l.token,
             announced: l.announced,
-            proof: None,
+            proof: l.proof.map(|p| p.encode()),
         }
     }
 }
@@ -325,6 +325,7 @@ mod tests {
                 role: Role::Follower,
                 token: None,
                 announced: false,
+                proof: None,
             });
             Self {
                 leadership,

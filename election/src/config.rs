@@ -25,6 +25,10 @@ pub const HEARTBEAT_TICKS_DEFAULT: u64 = 1;
 pub const PEERS_MAX: usize = 15;
 /// Most `--announce` proxies.
 pub const ANNOUNCE_URLS_MAX: usize = 64;
+/// Default of `max_term_gap`: a peer message whose term is more than this many terms above
+/// this node's is refused. A healthy cluster moves a few terms per failure, so 1,000 is
+/// years of churn, while one forged term cannot drag the cluster (and the fence) far ahead.
+pub const MAX_TERM_GAP_DEFAULT: u64 = 1_000;
 
 /// The configuration of one node. Every field has a default except `id`, `peers` and
 /// `data_dir`, which [`NodeConfig::validate`] requires.
@@ -61,6 +65,15 @@ pub struct NodeConfig {
     /// node` sets it only when `PALISADE_TEST_FAULTS=1` is in its environment.
     #[serde(skip)]
     pub test_faults: bool,
+    /// The cluster's token signing key (`--token-key`): a PEM `PRIVATE KEY` file holding an
+    /// Ed25519 PKCS#8 document. With it, every token is published with its proof.
+    pub token_key: Option<PathBuf>,
+    /// A file holding the bearer token sent with announcements (`--announce-token-file`),
+    /// for proxies whose admin API requires one and that cannot check proofs.
+    pub announce_token_file: Option<PathBuf>,
+    /// A peer message whose term is more than this many terms above this node's is
+    /// refused (at least 1).
+    pub max_term_gap: u64,
 }
 
 impl Default for NodeConfig {
@@ -79,6 +92,9 @@ impl Default for NodeConfig {
             check_quorum: true,
             pre_vote: true,
             test_faults: false,
+            token_key: None,
+            announce_token_file: None,
+            max_term_gap: MAX_TERM_GAP_DEFAULT,
         }
     }
 }
@@ -191,6 +207,20 @@ impl NodeConfig {
                     self.election_ticks
                 ),
             ));
+        }
+        if self.max_term_gap == 0 {
+            return Err(ConfigError::new(
+                "max_term_gap",
+                "must be at least 1 (0 would refuse every election)",
+            ));
+        }
+        for (field, path) in [
+            ("token_key", &self.token_key),
+            ("announce_token_file", &self.announce_token_file),
+        ] {
+            if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+                return Err(ConfigError::new(field, "is an empty path"));
+            }
         }
         self.raft_config()
             .validate()
@@ -316,6 +346,15 @@ mod tests {
             ("tick_ms", Box::new(|c| c.tick_ms = 0)),
             ("heartbeat_ticks", Box::new(|c| c.heartbeat_ticks = 0)),
             ("election_ticks", Box::new(|c| c.election_ticks = 1)),
+            ("max_term_gap", Box::new(|c| c.max_term_gap = 0)),
+            (
+                "token_key",
+                Box::new(|c| c.token_key = Some(PathBuf::new())),
+            ),
+            (
+                "announce_token_file",
+                Box::new(|c| c.announce_token_file = Some(PathBuf::new())),
+            ),
         ];
         for (field, breaker) in cases {
             let mut cfg = valid();

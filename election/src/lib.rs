@@ -60,12 +60,14 @@ pub use api::{
     LONG_POLL_TIMEOUT_MS_DEFAULT, LONG_POLL_TIMEOUT_MS_MAX,
 };
 pub use config::{
-    ConfigError, ELECTION_TICKS_DEFAULT, ELECTION_TICKS_MAX, HEARTBEAT_TICKS_DEFAULT, NodeConfig,
-    PEERS_MAX, TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, split_host_port,
+    ConfigError, ELECTION_TICKS_DEFAULT, ELECTION_TICKS_MAX, HEARTBEAT_TICKS_DEFAULT,
+    MAX_TERM_GAP_DEFAULT, NodeConfig, PEERS_MAX, TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN,
+    split_host_port,
 };
-pub use leadership::Leadership;
+pub use leadership::{Leadership, TOKEN_PROOF_BYTES, TokenProof};
 pub use node::{
-    INBOX_MAX, Node, NodeError, NodeHandle, StartError, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
+    INBOX_MAX, KEY_FILE_BYTES_MAX, Node, NodeError, NodeHandle, StartError, TERM_ACCEPTED_MAX,
+    TRANSFER_TIMEOUT_ELECTIONS, TransferError,
 };
 /// The wire types of the node API, defined once in `palisade_protocol` and re-exported
 /// here so embedders need not name that crate.

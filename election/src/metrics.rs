@@ -1,6 +1,8 @@
 //! The node's Prometheus metrics, kept in a recorder of its own (not the process-global
 //! one), so several nodes can run in one process and each `/metrics` shows its own.
 
+use std::sync::Arc;
+
 use metrics::{Counter, Gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
@@ -21,18 +23,23 @@ pub(crate) struct NodeMetrics {
     pub elections_won: Counter,
     /// `palisade_node_leader_changes_total`: times the known leader changed.
     pub leader_changes: Counter,
-    /// `palisade_node_peer_messages_dropped_total`: outgoing raft messages dropped.
+    /// `palisade_node_peer_messages_dropped_total{reason="unreachable"}`: outgoing raft
+    /// messages dropped.
     pub peer_dropped: Counter,
     /// `palisade_node_announce_failures_total`: failed announcement attempts.
     pub announce_failures: Counter,
+    /// The node's own recorder, to register the per-reason counters of dropped incoming
+    /// messages when a reason first occurs.
+    recorder: Arc<PrometheusRecorder>,
+    node_id: String,
 }
 
 impl NodeMetrics {
     pub(crate) fn new(node_id: u64) -> Self {
-        let recorder: PrometheusRecorder = PrometheusBuilder::new().build_recorder();
+        let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
         let handle = recorder.handle();
         let labels = [("node_id", node_id.to_string())];
-        metrics::with_local_recorder(&recorder, || {
+        metrics::with_local_recorder(&*recorder, || {
             metrics::describe_gauge!("palisade_node_term", "The current raft term.");
             metrics::describe_gauge!(
                 "palisade_node_is_leader",
@@ -59,7 +66,8 @@ impl NodeMetrics {
             metrics::describe_counter!(
                 "palisade_node_peer_messages_dropped_total",
                 Unit::Count,
-                "Outgoing raft messages dropped because the peer was unreachable."
+                "Raft messages dropped: outgoing ones because the peer was unreachable \
+                 (reason unreachable), incoming ones that failed a check before raft saw them."
             );
             metrics::describe_counter!(
                 "palisade_node_announce_failures_total",
@@ -75,15 +83,30 @@ impl NodeMetrics {
                 leader_changes: metrics::counter!("palisade_node_leader_changes_total", &labels),
                 peer_dropped: metrics::counter!(
                     "palisade_node_peer_messages_dropped_total",
-                    &labels
+                    "node_id" => node_id.to_string(),
+                    "reason" => "unreachable"
                 ),
                 announce_failures: metrics::counter!(
                     "palisade_node_announce_failures_total",
                     &labels
                 ),
                 handle,
+                recorder: Arc::clone(&recorder),
+                node_id: node_id.to_string(),
             }
         })
+    }
+
+    /// Counts one incoming peer message dropped for `reason`.
+    pub(crate) fn inbound_dropped(&self, reason: &'static str) {
+        metrics::with_local_recorder(&*self.recorder, || {
+            metrics::counter!(
+                "palisade_node_peer_messages_dropped_total",
+                "node_id" => self.node_id.clone(),
+                "reason" => reason
+            )
+            .increment(1);
+        });
     }
 
     /// The Prometheus text exposition.

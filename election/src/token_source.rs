@@ -93,6 +93,7 @@ mod tests {
             role,
             token,
             announced: token.is_some(),
+            proof: None,
         }
     }
 

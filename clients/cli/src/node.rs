@@ -14,6 +14,9 @@
 //! election_ticks = 10
 //! heartbeat_ticks = 1
 //! priority = 0
+//! token_key = "/etc/palisade/token.key"      # sign tokens: the leader view gains "proof"
+//! announce_token_file = "/etc/palisade/admin.token"  # bearer token for --announce proxies
+//! max_term_gap = 1000                         # refuse peer terms further ahead than this
 //! # File-only knobs (leave them on):
 //! check_quorum = true
 //! pre_vote = true
@@ -71,6 +74,18 @@ pub struct NodeArgs {
         allow_hyphen_values = true
     )]
     pub priority: Option<i64>,
+    /// The cluster's token signing key (PEM Ed25519 `PRIVATE KEY`, as `palisade keys
+    /// generate` writes it): every token is published with its proof.
+    #[arg(long, env = "PALISADE_TOKEN_KEY", value_name = "FILE")]
+    pub token_key: Option<PathBuf>,
+    /// A file holding the bearer token sent to `--announce` proxies whose admin API
+    /// requires one (`--admin-token-file` there) and that cannot check proofs.
+    #[arg(long, env = "PALISADE_ANNOUNCE_TOKEN_FILE", value_name = "FILE")]
+    pub announce_token_file: Option<PathBuf>,
+    /// Refuse a peer message whose term is more than N terms above this node's
+    /// [default: 1000].
+    #[arg(long, env = "PALISADE_MAX_TERM_GAP", value_name = "N")]
+    pub max_term_gap: Option<u64>,
     /// TOML file with any of the settings above; flags and environment override it.
     #[arg(long, env = "PALISADE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -142,6 +157,12 @@ struct FileConfig {
     heartbeat_ticks: Option<u64>,
     /// `--priority`.
     priority: Option<i64>,
+    /// `--token-key`.
+    token_key: Option<PathBuf>,
+    /// `--announce-token-file`.
+    announce_token_file: Option<PathBuf>,
+    /// `--max-term-gap`.
+    max_term_gap: Option<u64>,
     /// Leader steps down without a quorum (file only; default true).
     check_quorum: Option<bool>,
     /// Pre-vote before campaigning (file only; default true).
@@ -254,6 +275,12 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         check_quorum: file.check_quorum.unwrap_or(defaults.check_quorum),
         pre_vote: file.pre_vote.unwrap_or(defaults.pre_vote),
         test_faults: false,
+        token_key: args.token_key.or(file.token_key),
+        announce_token_file: args.announce_token_file.or(file.announce_token_file),
+        max_term_gap: args
+            .max_term_gap
+            .or(file.max_term_gap)
+            .unwrap_or(defaults.max_term_gap),
     };
     config.validate()?;
     Ok(config)
@@ -388,5 +415,43 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.exit_code(), 2);
         assert!(err.to_string().contains("idd"), "{err}");
+    }
+
+    /// Goal: the trust settings come from the file, flags override them, and a zero term
+    /// gap is a usage error naming the flag. Method: a file with `token_key`,
+    /// `announce_token_file` and `max_term_gap`; override the gap; then set it to 0.
+    #[test]
+    fn trust_settings_come_from_file_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(
+            &path,
+            "token_key = \"/k/token.key\"\nannounce_token_file = \"/k/admin.token\"\n\
+             max_term_gap = 50\n",
+        )
+        .unwrap();
+        let c = build_config(NodeArgs {
+            config: Some(path.clone()),
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(c.token_key, Some(PathBuf::from("/k/token.key")));
+        assert_eq!(c.announce_token_file, Some(PathBuf::from("/k/admin.token")));
+        assert_eq!(c.max_term_gap, 50);
+        let c = build_config(NodeArgs {
+            config: Some(path),
+            max_term_gap: Some(7),
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(c.max_term_gap, 7);
+        assert_eq!(build_config(args()).unwrap().max_term_gap, 1_000);
+        let err = build_config(NodeArgs {
+            max_term_gap: Some(0),
+            ..args()
+        })
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--max-term-gap"), "{err}");
     }
 }

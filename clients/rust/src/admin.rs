@@ -2,6 +2,7 @@
 //! without a write (how a new leader fences out its predecessor at once). Its answers are
 //! the protocol's types.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
@@ -24,6 +25,8 @@ pub struct ProxyAdmin {
     base: BaseUrl,
     transport: Transport,
     timeout: Duration,
+    /// Sent as `Authorization: Bearer` with every call when set; never shown by `Debug`.
+    bearer: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for ProxyAdmin {
@@ -46,7 +49,24 @@ impl ProxyAdmin {
             base: BaseUrl::parse(url)?,
             transport: Transport::new(tls)?,
             timeout: Duration::from_millis(ADMIN_TIMEOUT_MS),
+            bearer: None,
         })
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every call, for a proxy started with
+    /// `--admin-token-file`.
+    #[must_use]
+    pub fn with_bearer(mut self, token: &str) -> Self {
+        self.bearer = Some(Arc::from(token));
+        self
+    }
+
+    fn request(&self, method: Method, url: reqwest::Url) -> reqwest::RequestBuilder {
+        let request = self.transport.request(method, url);
+        match &self.bearer {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
     }
 
     /// Limits each call to `timeout` instead of [`ADMIN_TIMEOUT_MS`] (a caller that polls
@@ -83,13 +103,27 @@ impl ProxyAdmin {
     /// below the fence is [`ClientError::Fenced`].
     #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
     pub async fn advance(&self, scope: &str, token: u64) -> Result<AdvanceResponse, ClientError> {
+        self.advance_with_proof(scope, token, None).await
+    }
+
+    /// Like [`advance`](Self::advance), with the token's proof (base64url), which a proxy
+    /// holding the cluster's public key accepts in place of the admin credential.
+    #[tracing::instrument(skip(self, proof), fields(admin = %self.base.as_str()))]
+    pub async fn advance_with_proof(
+        &self,
+        scope: &str,
+        token: u64,
+        proof: Option<&str>,
+    ) -> Result<AdvanceResponse, ClientError> {
         let scope = scope_of(scope)?;
         let url = self.base.join(&fence_path(&scope))?;
         let request = self
-            .transport
             .request(Method::POST, url)
             .header(http::header::ACCEPT, JSON)
-            .json(&AdvanceRequest { token, proof: None });
+            .json(&AdvanceRequest {
+                token,
+                proof: proof.map(str::to_owned),
+            });
         let answer = self
             .transport
             .exchange(request, self.timeout)
@@ -106,7 +140,6 @@ impl ProxyAdmin {
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let url = self.base.join(path)?;
         let request = self
-            .transport
             .request(Method::GET, url)
             .header(http::header::ACCEPT, JSON);
         self.transport

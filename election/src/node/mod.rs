@@ -18,9 +18,11 @@
 //! - `publish`: turning raft's state into the published [`Leadership`].
 
 mod error;
+mod guard;
 mod handle;
 mod publish;
 mod ready;
+mod signer;
 mod transfer;
 
 use std::collections::BTreeSet;
@@ -44,12 +46,16 @@ use crate::metrics::NodeMetrics;
 use crate::transport::faults::LinkFaults;
 use crate::transport::mem::MemNetwork;
 use crate::transport::{PeerInbox, Transport};
+use guard::Guard;
+use signer::TokenSigner;
 
 pub use error::{NodeError, StartError, TransferError};
+pub use guard::TERM_ACCEPTED_MAX;
 pub(crate) use handle::Commands;
 pub use handle::NodeHandle;
 pub use palisade_protocol::Transferred;
 use ready::ElectionLoop;
+pub use signer::KEY_FILE_BYTES_MAX;
 
 /// Messages the inbox holds. Peer traffic waits (back-pressure onto its connection) when it
 /// is full; a few hundred covers a burst from every peer with room to spare.
@@ -157,6 +163,16 @@ async fn start(
     // `validate` checked the scope already; this turns it into the API's type.
     let scope = Scope::new(config.scope.clone())
         .map_err(|err| ConfigError::new("scope", err.to_string()))?;
+    // Secrets are read before anything binds, so a bad file is a configuration error that
+    // names it, and nothing runs without the key the operator asked for.
+    let signer = match &config.token_key {
+        Some(path) => Some(TokenSigner::load(path, &config.scope)?),
+        None => None,
+    };
+    let announce_bearer = match &config.announce_token_file {
+        Some(path) => Some(signer::load_bearer(path)?),
+        None => None,
+    };
     let raft_config = config.raft_config();
     let logger = slog::Logger::root(tracing_slog::TracingSlogDrain, slog::o!());
     let raw_node = {
@@ -215,6 +231,7 @@ async fn start(
             crate::announce::run(crate::announce::Announcer {
                 scope: config.scope.clone(),
                 urls: config.announce.clone(),
+                bearer: announce_bearer,
                 leadership: leadership_rx.clone(),
                 commands: commands.clone(),
                 metrics: metrics.clone(),
@@ -258,6 +275,7 @@ async fn start(
         None => None,
     };
 
+    let has_key = signer.is_some();
     let election_loop = ElectionLoop {
         id,
         raw_node,
@@ -272,6 +290,11 @@ async fn start(
         snapshot_failed: BTreeSet::new(),
         transfer_ticks: TRANSFER_TIMEOUT_ELECTIONS * config.election_ticks,
         shutdown: shutdown.clone(),
+        guard: Guard {
+            voters: config.peers.keys().copied().collect(),
+            max_term_gap: config.max_term_gap,
+        },
+        signer,
     };
     let main = tokio::spawn(
         election_loop
@@ -285,6 +308,8 @@ async fn start(
         term = hard_state.term,
         peer_addr = ?peer_addr,
         api_addr = ?api_addr,
+        signed_tokens = has_key,
+        max_term_gap = config.max_term_gap,
         "node started"
     );
     Ok(NodeHandle {

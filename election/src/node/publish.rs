@@ -21,6 +21,7 @@ impl ElectionLoop {
             Some(token) if !backed(token) => {
                 l.token = None;
                 l.announced = false;
+                l.proof = None;
                 true
             }
             _ => false,
@@ -49,12 +50,20 @@ impl ElectionLoop {
             Some(_) => self.no_proxies,
             None => false,
         };
+        // Signed once per token, when it becomes available (an Ed25519 signature takes
+        // tens of microseconds), and withdrawn with it.
+        let proof = match (token, &self.signer) {
+            (Some(t), Some(_)) if prev.token == Some(t) && prev.proof.is_some() => prev.proof,
+            (Some(t), Some(signer)) => Some(signer.sign(t)),
+            _ => None,
+        };
         let next = Leadership {
             term: r.term,
             leader_id: self.leader_id(),
             role,
             token,
             announced,
+            proof,
         };
         if next == prev {
             return;

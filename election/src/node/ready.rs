@@ -16,6 +16,8 @@ use tracing::{debug, error, info, warn};
 use palisade_protocol::process::events;
 use palisade_storage::{RaftLog, RaftLogError, ReadyWrite};
 
+use super::guard::{Guard, LocalState};
+use super::signer::TokenSigner;
 use super::transfer::PendingTransfer;
 use super::{
     INBOX_BATCH_MAX, LOG_COMPACT_STEP, LOG_ENTRIES_RETAINED, Msg, NodeError, READY_ROUNDS_MAX,
@@ -52,6 +54,10 @@ pub(super) struct ElectionLoop {
     pub(super) transfer_ticks: u64,
     /// Cancelled when the node stops.
     pub(super) shutdown: CancellationToken,
+    /// The last check of every peer message before it is stepped.
+    pub(super) guard: Guard,
+    /// Signs each new token's proof (`--token-key`); `None`: tokens carry no proof.
+    pub(super) signer: Option<TokenSigner>,
 }
 
 impl ElectionLoop {
@@ -193,6 +199,20 @@ impl ElectionLoop {
         match msg {
             Msg::Raft(m) => {
                 let (from, kind) = (m.from, m.get_msg_type());
+                if let Err(cause) = self.guard.check(&m, &self.local_state()) {
+                    self.metrics.inbound_dropped(cause.reason());
+                    warn!(
+                        node_id = self.id,
+                        from,
+                        msg_type = ?kind,
+                        term = m.term,
+                        own_term = self.raw_node.raft.term,
+                        reason = cause.reason(),
+                        cause = %cause,
+                        "peer message dropped before raft saw it"
+                    );
+                    return;
+                }
                 if let Err(err) = self.raw_node.step(*m) {
                     debug!(from, ?kind, cause = %err, "raft refused a peer message");
                 }
@@ -285,6 +305,17 @@ impl ElectionLoop {
         Ok(())
     }
 
+    /// What the guard compares peer messages against, read just before each step.
+    fn local_state(&self) -> LocalState {
+        let r = &self.raw_node.raft;
+        LocalState {
+            id: self.id,
+            term: r.term,
+            leader_id: r.leader_id,
+            last_index: r.raft_log.last_index(),
+        }
+    }
+
     /// The leader raft knows, `None` for raft's 0.
     pub(super) fn leader_id(&self) -> Option<u64> {
         let id = self.raw_node.raft.leader_id;
@@ -305,6 +336,7 @@ impl ElectionLoop {
         self.leadership.send_modify(|l| {
             l.token = None;
             l.announced = false;
+            l.proof = None;
             if l.role == Role::Leader {
                 l.role = Role::Follower;
                 l.leader_id = None;

@@ -1,0 +1,257 @@
+//! One test per rule of the guard, each feeding crafted messages to `Guard::check`.
+
+use raft::eraftpb::{ConfState, Entry, Message, MessageType, Snapshot};
+
+use super::*;
+
+fn guard() -> Guard {
+    Guard {
+        voters: [1, 2, 3].into_iter().collect(),
+        max_term_gap: 1_000,
+    }
+}
+
+/// Node 1 in term 5, following node 2, with 10 entries.
+fn me() -> LocalState {
+    LocalState {
+        id: 1,
+        term: 5,
+        leader_id: 2,
+        last_index: 10,
+    }
+}
+
+fn msg(kind: MessageType, from: u64, term: u64) -> Message {
+    let mut m = Message::default();
+    m.set_msg_type(kind);
+    m.from = from;
+    m.to = 1;
+    m.term = term;
+    m
+}
+
+fn entry(index: u64, term: u64) -> Entry {
+    Entry {
+        index,
+        term,
+        ..Entry::default()
+    }
+}
+
+/// Goal: ordinary traffic from a peer passes every rule.
+/// Method: a heartbeat, an append, a vote, an ack and a timeout-now from the leader.
+#[test]
+fn honest_messages_pass() {
+    let mut hb = msg(MessageType::MsgHeartbeat, 2, 5);
+    hb.commit = 10;
+    let mut app = msg(MessageType::MsgAppend, 2, 5);
+    (app.index, app.log_term, app.commit) = (10, 5, 10);
+    app.set_entries(vec![entry(11, 5), entry(12, 5)].into());
+    let vote = msg(MessageType::MsgRequestVote, 3, 6);
+    let mut ack = msg(MessageType::MsgAppendResponse, 3, 5);
+    ack.index = 10;
+    let timeout = msg(MessageType::MsgTimeoutNow, 2, 5);
+    let transfer = msg(MessageType::MsgTransferLeader, 3, 5);
+    for m in [hb, app, vote, ack, timeout, transfer] {
+        assert_eq!(guard().check(&m, &me()), Ok(()), "{m:?}");
+    }
+}
+
+/// Goal: a sender that is not a voter, or is this node, and a message for another node
+/// are dropped. Method: from 9, from 1 (self), and to 3.
+#[test]
+fn strangers_self_and_misaddressed_messages_are_dropped() {
+    let stranger = msg(MessageType::MsgHeartbeat, 9, 5);
+    assert_eq!(
+        guard().check(&stranger, &me()),
+        Err(DropCause::NotAPeer { from: 9 })
+    );
+    let own = msg(MessageType::MsgHeartbeat, 1, 5);
+    assert_eq!(
+        guard().check(&own, &me()).unwrap_err().reason(),
+        "not_a_peer"
+    );
+    let mut other = msg(MessageType::MsgHeartbeat, 2, 5);
+    other.to = 3;
+    assert_eq!(
+        guard().check(&other, &me()),
+        Err(DropCause::WrongRecipient { to: 3, me: 1 })
+    );
+}
+
+/// Goal: types peers never send each other are dropped. Method: each local-only type,
+/// and proposals and read-index traffic, which this node never forwards.
+#[test]
+fn types_peers_never_send_are_dropped() {
+    use MessageType::{
+        MsgBeat, MsgCheckQuorum, MsgHup, MsgPropose, MsgReadIndex, MsgReadIndexResp, MsgSnapStatus,
+        MsgUnreachable,
+    };
+    for kind in [
+        MsgHup,
+        MsgBeat,
+        MsgUnreachable,
+        MsgSnapStatus,
+        MsgCheckQuorum,
+        MsgPropose,
+        MsgReadIndex,
+        MsgReadIndexResp,
+    ] {
+        assert_eq!(
+            guard().check(&msg(kind, 2, 5), &me()),
+            Err(DropCause::ForbiddenType(kind))
+        );
+    }
+}
+
+/// Goal: a term whose successor overflows is dropped even with an unlimited gap.
+/// Method: terms `u64::MAX - 1` and `u64::MAX` with `max_term_gap` = `u64::MAX`.
+#[test]
+fn terms_that_would_overflow_are_dropped() {
+    let g = Guard {
+        max_term_gap: u64::MAX,
+        ..guard()
+    };
+    for term in [u64::MAX - 1, u64::MAX] {
+        assert_eq!(
+            g.check(&msg(MessageType::MsgHeartbeat, 2, term), &me()),
+            Err(DropCause::TermOverflow { term })
+        );
+    }
+    assert_eq!(
+        g.check(&msg(MessageType::MsgRequestVote, 2, u64::MAX - 2), &me()),
+        Ok(())
+    );
+}
+
+/// Goal: a term more than `max_term_gap` ahead is refused; exactly the gap is accepted.
+/// Method: terms 5 + 1000 and 5 + 1001 against a node in term 5.
+#[test]
+fn terms_far_ahead_are_refused() {
+    let ok = msg(MessageType::MsgRequestVote, 3, 1_005);
+    assert_eq!(guard().check(&ok, &me()), Ok(()));
+    let far = msg(MessageType::MsgRequestVote, 3, 1_006);
+    assert_eq!(
+        guard().check(&far, &me()),
+        Err(DropCause::TermTooFarAhead {
+            term: 1_006,
+            own: 5,
+            gap: 1_000
+        })
+    );
+}
+
+/// Goal: a heartbeat committing past this node's log is dropped (raft-rs panics
+/// "`to_commit` out of range"). Method: commit 10^9 and last index + 1.
+#[test]
+fn heartbeat_commit_beyond_the_log_is_dropped() {
+    for commit in [1_000_000_000, 11] {
+        let mut hb = msg(MessageType::MsgHeartbeat, 2, 5);
+        hb.commit = commit;
+        assert_eq!(
+            guard().check(&hb, &me()),
+            Err(DropCause::CommitBeyondLog {
+                commit,
+                last_index: 10
+            })
+        );
+    }
+}
+
+/// Goal: appends whose entries are not the run after their index are dropped.
+/// Method: a gap, a repeat, a backwards run, an overflowing index, an entry term above
+/// the message's, a log term above the message's, a term going down.
+#[test]
+fn inconsistent_appends_are_dropped() {
+    let cases: Vec<(u64, u64, Vec<Entry>)> = vec![
+        (10, 5, vec![entry(12, 5)]),
+        (10, 5, vec![entry(11, 5), entry(11, 5)]),
+        (10, 5, vec![entry(9, 5)]),
+        (u64::MAX, 5, vec![entry(0, 5)]),
+        (10, 5, vec![entry(11, 6)]),
+        (10, 6, vec![]),
+        (10, 4, vec![entry(11, 5), entry(12, 4)]),
+    ];
+    for (index, log_term, entries) in cases {
+        let mut app = msg(MessageType::MsgAppend, 2, 5);
+        (app.index, app.log_term) = (index, log_term);
+        app.set_entries(entries.into());
+        assert_eq!(
+            guard().check(&app, &me()).unwrap_err().reason(),
+            "append_inconsistent",
+            "{app:?}"
+        );
+    }
+}
+
+/// Goal: an append acknowledgement beyond this node's log is dropped; a rejection is not
+/// checked (raft bounds it). Method: index 11 accepted, then rejected.
+#[test]
+fn acks_beyond_the_log_are_dropped() {
+    let mut ack = msg(MessageType::MsgAppendResponse, 3, 5);
+    ack.index = 11;
+    assert_eq!(
+        guard().check(&ack, &me()),
+        Err(DropCause::AckBeyondLog {
+            index: 11,
+            last_index: 10
+        })
+    );
+    ack.reject = true;
+    assert_eq!(guard().check(&ack, &me()), Ok(()));
+}
+
+/// Goal: a snapshot of another membership is dropped. Method: voters [1, 2], [1, 2, 3, 4],
+/// and [1, 2, 3] with a learner; then the configured set passes.
+#[test]
+fn snapshots_of_another_membership_are_dropped() {
+    let snap = |voters: Vec<u64>, learners: Vec<u64>| {
+        let mut cs = ConfState::default();
+        cs.set_voters(voters);
+        cs.set_learners(learners);
+        let mut s = Snapshot::default();
+        s.mut_metadata().set_conf_state(cs);
+        s.mut_metadata().index = 20;
+        s.mut_metadata().term = 5;
+        let mut m = msg(MessageType::MsgSnapshot, 2, 5);
+        m.set_snapshot(s);
+        m
+    };
+    for (voters, learners) in [
+        (vec![1, 2], vec![]),
+        (vec![1, 2, 3, 4], vec![]),
+        (vec![1, 2, 3], vec![4]),
+        (vec![1, 2, 3, 3], vec![]),
+    ] {
+        assert_eq!(
+            guard()
+                .check(&snap(voters, learners), &me())
+                .unwrap_err()
+                .reason(),
+            "snapshot_membership"
+        );
+    }
+    assert_eq!(guard().check(&snap(vec![3, 1, 2], vec![]), &me()), Ok(()));
+}
+
+/// Goal: `MsgTimeoutNow` is accepted only from the leader this node follows, in its term.
+/// Method: from the other peer, from the leader in a later term, and with no leader known.
+#[test]
+fn timeout_now_not_from_the_leader_is_dropped() {
+    let from_other = msg(MessageType::MsgTimeoutNow, 3, 5);
+    assert_eq!(
+        guard().check(&from_other, &me()).unwrap_err().reason(),
+        "timeout_now_not_from_leader"
+    );
+    let later = msg(MessageType::MsgTimeoutNow, 2, 6);
+    assert!(guard().check(&later, &me()).is_err());
+    let leaderless = LocalState {
+        leader_id: 0,
+        ..me()
+    };
+    assert!(
+        guard()
+            .check(&msg(MessageType::MsgTimeoutNow, 2, 5), &leaderless)
+            .is_err()
+    );
+}
