@@ -1,6 +1,10 @@
 //! Defence in depth, over real sockets in plaintext loopback mode: hand-made peer frames
 //! that would panic raft-rs, or move the term far ahead, or make a follower take over, are
 //! dropped before raft sees them; every node keeps running and the term does not move.
+//!
+//! In plaintext a new connection never replaces a peer's live one, so the forger claims
+//! the id of a configured voter that is not running (voter 4 of four; three run, which is
+//! a quorum): exactly the position of a local process in plaintext loopback mode.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 use std::collections::BTreeMap;
@@ -99,13 +103,14 @@ async fn wait_for_drop(node: &NodeHandle, reason: &str) {
 /// Goal: a forged heartbeat with commit 10^9, one with term 2^64-2, one 1,001 terms
 /// ahead, and a forged `MsgTimeoutNow` (from a non-peer id, and from a peer that is not
 /// the leader) leave every node running with the term unchanged.
-/// Method: three nodes on loopback; once a leader is settled, connect to each follower's
-/// and the leader's peer port with a hand-made hello and send the frames; wait until each
-/// drop is counted; then check every node's loop is alive and every term is the same.
+/// Method: voters 1-4 on loopback, 1-3 running; once a leader is settled, connect to a
+/// follower's and the leader's peer port with a hand-made hello claiming voter 4 (and
+/// once claiming the non-peer 9) and send the frames; wait until each drop is counted;
+/// then check every node's loop is alive and every term is the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_peer_frames_leave_every_node_running_with_the_term_unchanged() {
     let dir = tempfile::tempdir().unwrap();
-    let peers: BTreeMap<u64, String> = (1..=3)
+    let peers: BTreeMap<u64, String> = (1..=4)
         .map(|id| (id, format!("127.0.0.1:{}", free_port())))
         .collect();
     let mut nodes = Vec::new();
@@ -115,8 +120,6 @@ async fn forged_peer_frames_leave_every_node_running_with_the_term_unchanged() {
             peers: peers.clone(),
             data_dir: dir.path().join(format!("node{id}")),
             tick_ms: 50,
-            // Generous: a forged hello replaces a real connection for a moment, and this
-            // test is about the term not moving.
             election_ticks: 20,
             ..NodeConfig::default()
         };
@@ -143,8 +146,8 @@ async fn forged_peer_frames_leave_every_node_running_with_the_term_unchanged() {
     let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
     let node = |id: u64| &nodes[usize::try_from(id - 1).unwrap()];
 
-    // At a follower, posing as the other follower (a peer, but not the leader).
-    let (target, other) = (followers[0], followers[1]);
+    // At a follower, posing as voter 4 (a peer, but not the leader).
+    let (target, other) = (followers[0], 4);
     let hb_commit = raft_frame(
         MessageType::MsgHeartbeat,
         other,
@@ -173,7 +176,7 @@ async fn forged_peer_frames_leave_every_node_running_with_the_term_unchanged() {
         wait_for_drop(node(target), reason).await;
     }
 
-    // At the leader, posing as a follower.
+    // At the leader, posing as voter 4 too.
     let hb_commit = raft_frame(
         MessageType::MsgHeartbeat,
         other,
