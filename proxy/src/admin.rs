@@ -7,7 +7,14 @@
 //!   only once no lower-token write of the scope is still in flight (503 if they do not
 //!   finish within the barrier timeout; the fence is raised either way), so a new leader
 //!   that has announced knows its predecessor is done. A token below the fence is 409.
+//!   With `token_pub`, a valid `proof` authorizes it without the admin token.
+//! - `POST /v1/fences/{scope}/reset` with [`ResetRequest`] -> [`ResetResponse`]: sets the
+//!   fence to any value, lower included, once the scope's writes in flight are done. The
+//!   admin token is required; without one configured resets are disabled (403).
 //! - `GET /metrics` (Prometheus text), `GET /healthz` -> [`Health`].
+//!
+//! Who may call what is decided by the [`crate::auth`] layer, except for an advance,
+//! whose handler accepts a valid proof in place of the admin token (`authorize_advance`).
 //!
 //! Every error is problem+json: a fencing error is rendered by
 //! [`ProxyError::to_problem`], as on the data path; unknown paths (404), wrong methods
@@ -19,21 +26,28 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use http::{HeaderValue, header};
-use palisade_protocol::admin::{FENCES_PATH, HEALTHZ_PATH, METRICS_PATH};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use palisade_protocol::admin::{
+    FENCES_PATH, HEALTHZ_PATH, METRICS_PATH, RESET_REASON_BYTES_MAX, ResetRequest, ResetResponse,
+};
 use palisade_protocol::headers::PROMETHEUS_TEXT;
+use palisade_protocol::process::events;
 use palisade_protocol::server::{ApiJson, ControlLimits, finish};
 use palisade_protocol::{
     AdvanceRequest, AdvanceResponse, FenceList, FenceView, Health, Problem, Scope,
 };
 
+use crate::auth::{ADVANCE_ROUTE, AdminAuth, AuthError, require_admin};
 use crate::error::ProxyError;
 use crate::fencing::Fencer;
+use crate::metrics as m;
+use crate::proof::ProofVerifier;
 
-/// Largest admin request body: `{"token":18446744073709551615}` is 30 bytes; the rest
-/// is room for whitespace, and nothing larger is ever a valid request.
+/// Largest admin request body. The largest valid one is a reset whose 512-byte reason is
+/// written wholly in `\uXXXX` escapes (3,072 bytes) plus its token; an advance with its
+/// proof is under 150. Nothing larger is ever a valid request.
 pub(crate) const ADMIN_BODY_BYTES_MAX: usize = 4096;
 /// Admin connections open at once: operators and election nodes, never many.
 pub(crate) const ADMIN_CONNECTIONS_MAX: usize = 64;
@@ -52,20 +66,38 @@ pub(crate) fn limits(drain_timeout: Duration) -> ControlLimits {
     }
 }
 
-/// The admin API's router over `fencer`, the same fencer the data path admits through.
-pub(crate) fn app(fencer: Arc<Fencer>) -> Router {
+/// What the admin handlers share.
+pub(crate) struct AdminState {
+    /// The same fencer the data path admits through.
+    pub(crate) fencer: Arc<Fencer>,
+    /// The proof verifier, when `token_pub` is set (shared with the data path).
+    pub(crate) proofs: Option<Arc<ProofVerifier>>,
+    /// The admin credential.
+    pub(crate) auth: Arc<AdminAuth>,
+}
+
+type AdminRef = State<Arc<AdminState>>;
+
+/// The admin API's router, behind the [`require_admin`] layer.
+pub(crate) fn app(state: AdminState) -> Router {
+    let auth = Arc::clone(&state.auth);
     let router = Router::new()
         .route(FENCES_PATH, get(list))
-        .route(&format!("{FENCES_PATH}/{{scope}}"), get(read).post(advance))
+        .route(ADVANCE_ROUTE, get(read).post(advance))
+        .route(&format!("{ADVANCE_ROUTE}/reset"), post(reset))
         .route(METRICS_PATH, get(metrics))
         .route(HEALTHZ_PATH, get(health))
-        .with_state(fencer);
+        .with_state(Arc::new(state));
+    // The layer goes on last, so that it also guards the 404 and 405 answers: without
+    // the credential, a caller learns nothing about which paths exist.
     finish(router, "admin API", ADMIN_BODY_BYTES_MAX)
+        .layer(axum::middleware::from_fn_with_state(auth, require_admin))
 }
 
 /// `GET /v1/fences`.
-async fn list(State(fencer): State<Arc<Fencer>>) -> ApiJson<FenceList> {
-    let fences = fencer
+async fn list(State(state): AdminRef) -> ApiJson<FenceList> {
+    let fences = state
+        .fencer
         .fence_register()
         .list()
         .into_iter()
@@ -85,27 +117,31 @@ async fn list(State(fencer): State<Arc<Fencer>>) -> ApiJson<FenceList> {
 
 /// `GET /v1/fences/{scope}`.
 async fn read(
-    State(fencer): State<Arc<Fencer>>,
+    State(state): AdminRef,
     path: Result<Path<String>, PathRejection>,
 ) -> Result<ApiJson<FenceView>, Problem> {
     let scope = scope_of(path).map_err(|err| err.to_problem())?;
-    let token = fencer.fence_register().current(&scope);
+    let token = state.fencer.fence_register().current(&scope);
     Ok(ApiJson(FenceView { scope, token }))
 }
 
 /// `POST /v1/fences/{scope}`. The scope is checked before the body, so a request wrong
-/// in both is told about the path first.
+/// in both is told about the path first; then the authorization, before anything moves.
 async fn advance(
-    State(fencer): State<Arc<Fencer>>,
+    State(state): AdminRef,
     path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
     body: Result<ApiJson<AdvanceRequest>, Problem>,
-) -> Result<ApiJson<AdvanceResponse>, Problem> {
-    let scope = scope_of(path).map_err(|err| err.to_problem())?;
-    let ApiJson(AdvanceRequest { token, .. }) = body?;
+) -> Result<ApiJson<AdvanceResponse>, Response> {
+    let scope = scope_of(path).map_err(|err| err.to_problem().into_response())?;
+    let ApiJson(AdvanceRequest { token, proof }) = body.map_err(IntoResponse::into_response)?;
+    state
+        .authorize_advance(&scope, token, proof.as_deref(), &headers)
+        .map_err(IntoResponse::into_response)?;
     // The same admission as a write: raise the fence, then wait at the barrier.
-    let admitted = fencer.admit(&scope, token).await.map_err(|err| {
+    let admitted = state.fencer.admit(&scope, token).await.map_err(|err| {
         tracing::info!(scope = %scope, token, cause = %err, "admin advance refused");
-        err.to_problem()
+        err.to_problem().into_response()
     })?;
     let advanced = admitted.raised;
     drop(admitted);
@@ -114,6 +150,113 @@ async fn advance(
         token,
         advanced,
     }))
+}
+
+impl AdminState {
+    /// Whether an advance of `scope` to `token` may go ahead. With `token_pub`, a proof
+    /// must verify if one is given, and suffices; without a proof the admin token is
+    /// needed, and with keys but no admin token nothing else is accepted (keys make the
+    /// proof the credential). Without keys a proof is ignored (it cannot be checked) and
+    /// the admin token, if any, is needed.
+    fn authorize_advance(
+        &self,
+        scope: &Scope,
+        token: u64,
+        proof: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Result<(), Refusal> {
+        let refused = |err: ProxyError| {
+            tracing::warn!(event = events::PROOF_REJECTED, scope = %scope, token, cause = %err,
+                "admin advance refused");
+            Refusal::Proof(err)
+        };
+        match (&self.proofs, proof, &self.auth.token) {
+            (Some(verifier), Some(text), _) => verifier
+                .check(scope.as_str(), token, text.as_bytes())
+                .map_err(|fault| {
+                    refused(ProxyError::InvalidProof {
+                        scope: scope.to_string(),
+                        presented: token,
+                        fault,
+                    })
+                }),
+            (Some(_), None, None) => Err(refused(ProxyError::MissingProof {
+                scope: scope.to_string(),
+                presented: token,
+            })),
+            (_, _, Some(admin)) => admin.check(headers).map_err(|err| {
+                tracing::warn!(scope = %scope, token, cause = %err, "admin advance refused");
+                Refusal::Auth(err)
+            }),
+            (None, _, None) => Ok(()),
+        }
+    }
+}
+
+/// Why an advance was not authorized: its proof, or the admin credential.
+enum Refusal {
+    Proof(ProxyError),
+    Auth(AuthError),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Proof(err) => err.to_problem().into_response(),
+            Self::Auth(err) => err.into_response(),
+        }
+    }
+}
+
+/// `POST /v1/fences/{scope}/reset`. The layer has checked the admin token; without one
+/// configured, resets are refused outright.
+async fn reset(
+    State(state): AdminRef,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<ApiJson<ResetRequest>, Problem>,
+) -> Result<ApiJson<ResetResponse>, Response> {
+    if state.auth.token.is_none() {
+        return Err(AuthError::ResetDisabled.into_response());
+    }
+    let scope = scope_of(path).map_err(|err| err.to_problem().into_response())?;
+    let ApiJson(ResetRequest { token, reason }) = body.map_err(IntoResponse::into_response)?;
+    check_reason(&reason).map_err(|detail| {
+        Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "bad-body", detail).into_response()
+    })?;
+    let previous = state.fencer.reset(scope.as_str(), token).await.map_err(|err| {
+        tracing::warn!(scope = %scope, token, reason = reason.as_str(), cause = %err, "fence reset failed");
+        err.to_problem().into_response()
+    })?;
+    if let Some(proofs) = &state.proofs {
+        proofs.forget(scope.as_str());
+    }
+    metrics::counter!(m::FENCE_RESETS).increment(1);
+    tracing::warn!(event = events::FENCE_RESET, scope = %scope, reason = reason.as_str(), previous, token,
+        "fence reset by an operator");
+    Ok(ApiJson(ResetResponse {
+        scope,
+        previous,
+        token,
+    }))
+}
+
+/// A reset's reason: 1 to [`RESET_REASON_BYTES_MAX`] bytes of printable text (it goes to
+/// the log as it is, so no control characters that could forge log lines). The error is
+/// the detail of a 422.
+fn check_reason(reason: &str) -> Result<(), String> {
+    if reason.trim().is_empty() {
+        return Err("reason is empty; a reset must say why".into());
+    }
+    if reason.len() > RESET_REASON_BYTES_MAX {
+        return Err(format!(
+            "reason is {} bytes; at most {RESET_REASON_BYTES_MAX}",
+            reason.len()
+        ));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err("reason holds a control character".into());
+    }
+    Ok(())
 }
 
 /// The scope named by the path, or the bad-scope error the data path gives (400).
@@ -171,7 +314,15 @@ mod tests {
             .header(header::CONTENT_TYPE, JSON)
             .body(Body::from(body.to_owned()))
             .unwrap();
-        let response = app(Arc::clone(fencer)).oneshot(request).await.unwrap();
+        let state = AdminState {
+            fencer: Arc::clone(fencer),
+            proofs: None,
+            auth: Arc::new(AdminAuth {
+                token: None,
+                metrics_public: false,
+            }),
+        };
+        let response = app(state).oneshot(request).await.unwrap();
         let status = response.status();
         let headers = response.headers().clone();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();

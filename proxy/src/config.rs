@@ -15,6 +15,9 @@ pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
 pub const ADMIN_LISTEN_DEFAULT: &str = "127.0.0.1:8081";
 /// hyper refuses an HTTP/1 read buffer below this, so it is the floor for `header_bytes_max`.
 pub const HEADER_BYTES_MIN: usize = 8192;
+/// Shortest admin token accepted, in bytes: 16 random bytes are beyond guessing, and a
+/// shorter secret is most likely a placeholder.
+pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 
 /// Why a configuration is unusable. Each message names the field.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +39,16 @@ pub enum ConfigError {
         /// The cause, naming the field.
         source: toml::de::Error,
     },
+    /// A file a field names (a key, a token) is missing or unusable.
+    #[error("invalid config: {field}: {path}: {reason}")]
+    File {
+        /// The field, as written in the TOML file.
+        field: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A field has a value that breaks a rule.
     #[error("invalid config: {field}: {reason}")]
     Invalid {
@@ -56,6 +69,10 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 /// Configuration of `palisade proxy`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent switches, one TOML key each"
+)]
 pub struct ProxyConfig {
     /// Address for client traffic.
     pub listen: SocketAddr,
@@ -75,12 +92,24 @@ pub struct ProxyConfig {
     pub write_methods: Vec<String>,
     /// Whether a client may choose its scope with the `Fencing-Scope` header.
     pub client_scopes: bool,
-    /// Remove `Fencing-Token` before forwarding (default: forward it unchanged).
+    /// Remove `Fencing-Token` and `Fencing-Token-Proof` before forwarding (default:
+    /// forward them unchanged).
     pub strip_token: bool,
     /// Path prefix to scope. The longest matching prefix wins.
     pub routes: Vec<Route>,
     /// TLS on the client listener. Absent: cleartext (HTTP/1.1 and h2c).
     pub tls: Option<TlsConfig>,
+    /// PEM Ed25519 public keys (`token.pub`) of the clusters whose tokens this proxy
+    /// admits. When set, a fenced request needs a `Fencing-Token-Proof` that verifies
+    /// under one of them for its scope and token; several keys allow a rotation. Empty:
+    /// proofs are not checked, and any client can raise a fence.
+    pub token_pub: Vec<PathBuf>,
+    /// File holding the admin API's bearer token (trimmed; at least
+    /// [`ADMIN_TOKEN_BYTES_MIN`] bytes). When set, every admin route but `/healthz`
+    /// requires `Authorization: Bearer <token>`. Absent: the admin API is open.
+    pub admin_token_file: Option<PathBuf>,
+    /// Serve `/metrics` without the admin token.
+    pub admin_metrics_public: bool,
     /// Limits on everything the outside world can make the proxy hold.
     pub limits: Limits,
 }
@@ -181,6 +210,9 @@ impl Default for ProxyConfig {
             strip_token: false,
             routes: Vec::new(),
             tls: None,
+            token_pub: Vec::new(),
+            admin_token_file: None,
+            admin_metrics_public: false,
             limits: Limits::default(),
         }
     }
@@ -253,6 +285,12 @@ impl ProxyConfig {
                     format!("{:?} appears twice", r.prefix),
                 ));
             }
+        }
+        if self.admin_metrics_public && self.admin_token_file.is_none() {
+            return Err(invalid(
+                "admin_metrics_public",
+                "set, but there is no admin_token_file: without one every admin route is public",
+            ));
         }
         if self.listen == self.admin_listen && self.listen.port() != 0 {
             return Err(invalid("admin_listen", "must differ from listen"));

@@ -10,6 +10,7 @@ use palisade_protocol::headers::{FENCING_TOKEN_CURRENT, PROBLEM_JSON};
 use palisade_protocol::{Problem, TokenError};
 
 use crate::body::{ProxyBody, full};
+use crate::proof::ProofFault;
 
 /// Who caused an error: decides the status class and the log level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,27 @@ pub enum ProxyError {
     BadToken {
         /// What is wrong with it.
         reason: TokenError,
+    },
+    /// A fenced request without `Fencing-Token-Proof`, at a proxy that checks proofs.
+    #[error(
+        "missing Fencing-Token-Proof: this proxy admits token {presented} for scope {scope} only with the cluster's proof"
+    )]
+    MissingProof {
+        /// The scope.
+        scope: String,
+        /// The token the request carried.
+        presented: u64,
+    },
+    /// A `Fencing-Token-Proof` that is malformed or not the cluster's signature of
+    /// exactly this scope and token.
+    #[error("invalid proof for token {presented} of scope {scope}: {fault}")]
+    InvalidProof {
+        /// The scope.
+        scope: String,
+        /// The token the request carried.
+        presented: u64,
+        /// What is wrong with the proof.
+        fault: ProofFault,
     },
     /// A scope name outside the contract.
     #[error("invalid scope: {reason}")]
@@ -61,6 +83,21 @@ pub enum ProxyError {
         /// The token the request carried.
         presented: u64,
         /// The scope's fence.
+        current: u64,
+        /// How long it waited.
+        waited_ms: u64,
+    },
+    /// A reset waited past the barrier timeout for the scope's writes in flight; the
+    /// fence is unchanged.
+    #[error(
+        "reset of scope {scope} to {presented} waited {waited_ms} ms for writes still in flight; the fence is unchanged at {current}"
+    )]
+    ResetTimeout {
+        /// The scope.
+        scope: String,
+        /// The token the reset asked for.
+        presented: u64,
+        /// The scope's fence, unchanged.
         current: u64,
         /// How long it waited.
         waited_ms: u64,
@@ -119,6 +156,8 @@ impl ProxyError {
     pub fn cause(&self) -> Cause {
         match self {
             Self::MissingToken
+            | Self::MissingProof { .. }
+            | Self::InvalidProof { .. }
             | Self::BadToken { .. }
             | Self::BadScope { .. }
             | Self::Stale { .. }
@@ -129,9 +168,10 @@ impl ProxyError {
             | Self::NotFound { .. }
             | Self::MethodNotAllowed { .. } => Cause::Client,
             Self::UpstreamTimeout { .. } | Self::Upstream(_) => Cause::Upstream,
-            Self::BarrierTimeout { .. } | Self::Storage(_) | Self::Unavailable(_) => {
-                Cause::Internal
-            }
+            Self::BarrierTimeout { .. }
+            | Self::ResetTimeout { .. }
+            | Self::Storage(_)
+            | Self::Unavailable(_) => Cause::Internal,
         }
     }
 
@@ -139,12 +179,15 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::MissingToken => StatusCode::PRECONDITION_REQUIRED,
+            Self::MissingProof { .. } | Self::InvalidProof { .. } => StatusCode::UNAUTHORIZED,
             Self::BadToken { .. }
             | Self::BadScope { .. }
             | Self::BadRequest(_)
             | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
             Self::Stale { .. } => StatusCode::CONFLICT,
-            Self::BarrierTimeout { .. } | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } | Self::Unavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
@@ -159,10 +202,12 @@ impl ProxyError {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::MissingToken => "missing-token",
+            Self::MissingProof { .. } => "missing-proof",
+            Self::InvalidProof { .. } => "invalid-proof",
             Self::BadToken { .. } => "bad-token",
             Self::BadScope { .. } => "bad-scope",
             Self::Stale { .. } => "stale-token",
-            Self::BarrierTimeout { .. } => "barrier-timeout",
+            Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } => "barrier-timeout",
             Self::BodyTooLarge { .. } => "body-too-large",
             Self::BodyTimeout { .. } => "body-timeout",
             Self::BodyRead(_) => "body-read",
@@ -178,16 +223,31 @@ impl ProxyError {
 
     /// The error as problem+json: the one mapping from an error to its answer body.
     /// The kind is [`reason`](Self::reason), the detail the error's message, and the
-    /// fencing errors add `scope`, `presented` and `current`.
+    /// fencing errors add `scope`, `presented` and `current` (a proof error the first
+    /// two: the proxy does not tell an unproven client the fence).
     pub fn to_problem(&self) -> Problem {
-        let problem = Problem::new(self.status(), self.reason(), self.to_string());
+        let mut problem = Problem::new(self.status(), self.reason(), self.to_string());
         match self {
+            Self::MissingProof { scope, presented }
+            | Self::InvalidProof {
+                scope, presented, ..
+            } => {
+                problem.scope = Some(scope.clone());
+                problem.presented = Some(*presented);
+                problem
+            }
             Self::Stale {
                 scope,
                 presented,
                 current,
             }
             | Self::BarrierTimeout {
+                scope,
+                presented,
+                current,
+                ..
+            }
+            | Self::ResetTimeout {
                 scope,
                 presented,
                 current,
@@ -321,6 +381,42 @@ mod tests {
         assert_eq!(
             ProxyError::BodyTooLarge { max: 1 }.status(),
             StatusCode::PAYLOAD_TOO_LARGE
+        );
+    }
+
+    /// Goal: a proof refusal is a 401 problem of its own kind that names the scope and
+    /// the presented token but not the fence (an unproven client is not told it), and
+    /// says what is wrong with the proof.
+    /// Method: render both proof errors.
+    #[test]
+    fn proof_refusals_are_401_without_the_fence() {
+        let missing = ProxyError::MissingProof {
+            scope: "jobs".into(),
+            presented: 7,
+        };
+        let invalid = ProxyError::InvalidProof {
+            scope: "jobs".into(),
+            presented: 7,
+            fault: ProofFault::NotBase64,
+        };
+        for (err, kind) in [(missing, "missing-proof"), (invalid, "invalid-proof")] {
+            assert_eq!(err.cause(), Cause::Client);
+            let problem = err.to_problem();
+            assert_eq!(problem.status_code(), StatusCode::UNAUTHORIZED);
+            assert_eq!(problem.kind(), kind);
+            assert_eq!(problem.scope.as_deref(), Some("jobs"));
+            assert_eq!((problem.presented, problem.current), (Some(7), None));
+            let response = err.into_response();
+            assert!(response.headers().get(FENCING_TOKEN_CURRENT).is_none());
+        }
+        let invalid = ProxyError::InvalidProof {
+            scope: "jobs".into(),
+            presented: 7,
+            fault: ProofFault::NotBase64,
+        };
+        assert_eq!(
+            invalid.to_string(),
+            "invalid proof for token 7 of scope jobs: Fencing-Token-Proof is not unpadded base64url"
         );
     }
 }

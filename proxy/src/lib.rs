@@ -6,20 +6,28 @@
 //! lower-token writes still in flight have completed, so the upstream applies writes of
 //! a scope in token order.
 //!
+//! With `token_pub` (the cluster's public keys), a token counts only with its
+//! `Fencing-Token-Proof`, the cluster's signature of exactly that scope and token: a
+//! token a client made up is refused with 401 before it can move a fence. With
+//! `admin_token_file`, the admin API needs `Authorization: Bearer <token>`.
+//!
 //! ```text
-//! client ──> listener (TLS?, h1/h2c, limits) ──> parse ──> classify ──> read body
-//!        ──> fence (track in flight, check/raise fence in redb, barrier)
+//! client ──> listener (TLS?, h1/h2c, limits) ──> parse ──> classify ──> proof?
+//!        ──> read body ──> fence (track in flight, check/raise fence in redb, barrier)
 //!        ──> forward (HTTP(S) upstream, or the embedded object store) ──> respond, log
 //! ```
 //!
 //! # Layout
 //! - `config`: [`ProxyConfig`] and its limits, from TOML and flags, validated.
 //! - `service`: one request through its phases.
-//! - `fencing`: admission: the fence check and the per-scope in-flight barrier.
+//! - `proof`: the public keys, and the check of a token's proof (verified once per
+//!   scope, token and proof; then a comparison).
+//! - `fencing`: admission: the fence check and the per-scope in-flight barrier; resets.
 //! - `upstream`: the pooled HTTP(S) client to the upstream.
 //! - `embedded`: the embedded object store served in-process.
-//! - `admin`: the admin API on axum (fences, metrics, health), served by the protocol
-//!   crate's control-plane accept loop.
+//! - `admin`: the admin API on axum (fences, advance, reset, metrics, health), served by
+//!   the protocol crate's control-plane accept loop.
+//! - `auth`: the admin API's bearer token and the middleware layer that requires it.
 //! - `server`: the data path's listener: TLS, HTTP/1.1 and h2c, connection limits,
 //!   graceful shutdown.
 //! - `tls`: rustls configuration from PEM files.
@@ -33,6 +41,7 @@
 #![deny(missing_docs)]
 
 mod admin;
+mod auth;
 mod body;
 pub mod config;
 mod embedded;
@@ -40,6 +49,7 @@ mod error;
 pub mod failpoints;
 mod fencing;
 pub mod metrics;
+mod proof;
 mod server;
 mod service;
 mod tls;
@@ -54,12 +64,17 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-pub use config::{ConfigError, Limits, ProxyConfig, Route, TlsConfig};
+pub use auth::{ADMIN_TOKEN_FILE_BYTES_MAX, AuthError};
+pub use config::{ADMIN_TOKEN_BYTES_MIN, ConfigError, Limits, ProxyConfig, Route, TlsConfig};
 pub use embedded::LIST_KEYS_MAX;
 pub use error::{Cause, ProxyError};
+pub use proof::{KEY_FILE_BYTES_MAX, PROOF_CACHE_SCOPES_MAX, ProofFault};
 pub use tls::TlsError;
 
+use crate::admin::AdminState;
+use crate::auth::{AdminAuth, AdminToken};
 use crate::fencing::Fencer;
+use crate::proof::ProofVerifier;
 use crate::server::ListenerSettings;
 use crate::service::{Backend, Shared};
 
@@ -114,9 +129,26 @@ impl ProxyHandle {
     }
 }
 
-/// Validates `config`, opens the data directory, binds both listeners and starts serving.
+/// Validates `config`, loads its keys and admin token, opens the data directory, binds
+/// both listeners and starts serving.
 pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     config.validate()?;
+    let proofs = if config.token_pub.is_empty() {
+        tracing::warn!(
+            "no token_pub: token proofs are not checked, so any client can raise fences"
+        );
+        None
+    } else {
+        Some(Arc::new(ProofVerifier::load(&config.token_pub)?))
+    };
+    let auth = Arc::new(AdminAuth {
+        token: config
+            .admin_token_file
+            .as_deref()
+            .map(AdminToken::load)
+            .transpose()?,
+        metrics_public: config.admin_metrics_public,
+    });
     let limits = &config.limits;
     let database = config.data_dir.join(DATABASE_FILE);
     let db = palisade_storage::open_database(&database)?;
@@ -154,7 +186,12 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         register,
         Duration::from_millis(limits.barrier_timeout_ms),
     ));
-    let shared = Arc::new(Shared::new(&config, Arc::clone(&fencer), backend));
+    let admin_state = AdminState {
+        fencer: Arc::clone(&fencer),
+        proofs: proofs.clone(),
+        auth,
+    };
+    let shared = Arc::new(Shared::new(&config, fencer, proofs, backend));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let client_settings = ListenerSettings {
         name: "client",
@@ -176,7 +213,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     let mut admin_shutdown = shutdown_rx;
     tasks.spawn(palisade_protocol::server::serve(
         admin_listener,
-        admin::app(fencer),
+        admin::app(admin_state),
         admin_limits,
         async move {
             // Both listeners stop on the same signal. A dropped sender (the handle gone)
@@ -186,7 +223,8 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     ));
     tracing::info!(%listen, %admin, database = %database.display(),
         upstream = config.upstream.as_deref().unwrap_or("embedded object store"),
-        tls = config.tls.is_some(), "proxy started");
+        tls = config.tls.is_some(), token_pub_keys = config.token_pub.len(),
+        admin_token = config.admin_token_file.is_some(), "proxy started");
     Ok(ProxyHandle {
         listen,
         admin,

@@ -10,13 +10,16 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 /// `failed` (refused for a cause of the proxy's, or the backend failed).
 pub const REQUESTS: &str = "palisade_proxy_requests_total";
 /// Requests the proxy refused before forwarding them, by `reason` (stale-token,
-/// missing-token, bad-token, barrier-timeout, ...). Nothing of these reached the backend.
+/// missing-token, bad-token, missing-proof, invalid-proof, barrier-timeout, ...). Nothing
+/// of these reached the backend.
 pub const REJECTIONS: &str = "palisade_proxy_rejections_total";
 /// Forwarded requests whose backend failed, by `reason`: the HTTP upstream
 /// (upstream-error, upstream-timeout) or the embedded store's storage (storage-error).
 pub const UPSTREAM_ERRORS: &str = "palisade_proxy_upstream_errors_total";
 /// Times a fence moved up, by a write or the admin API.
 pub const FENCE_ADVANCES: &str = "palisade_proxy_fence_advances_total";
+/// Times an operator reset a fence (`POST /v1/fences/{scope}/reset`), down or up.
+pub const FENCE_RESETS: &str = "palisade_proxy_fence_resets_total";
 /// Requests that had to wait at the in-flight barrier.
 pub const BARRIER_WAITS: &str = "palisade_proxy_barrier_waits_total";
 /// Time from forwarding until the upstream's response head, in seconds.

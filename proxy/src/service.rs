@@ -1,5 +1,5 @@
 //! One client request through the proxy, in fixed phases sharing one context:
-//! parse, classify, read body, fence, forward, respond, log.
+//! parse, classify, check the proof, read body, fence, forward, respond, log.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Incoming};
-use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN};
+use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_PROOF};
 use palisade_protocol::process::events;
 use palisade_protocol::{DEFAULT_SCOPE, Scope, parse_token_header};
 use palisade_storage::ObjectStore;
@@ -18,6 +18,7 @@ use crate::config::{ProxyConfig, Route};
 use crate::error::{Cause, ProxyError};
 use crate::fencing::Fencer;
 use crate::metrics as m;
+use crate::proof::ProofVerifier;
 use crate::server::Peer;
 use crate::upstream::HttpUpstream;
 
@@ -33,6 +34,8 @@ pub(crate) enum Backend {
 pub(crate) struct Shared {
     pub(crate) fencer: Arc<Fencer>,
     pub(crate) backend: Backend,
+    /// Checks token proofs, when `token_pub` is set.
+    proofs: Option<Arc<ProofVerifier>>,
     write_methods: Vec<Method>,
     /// Routes, longest prefix first, so the first match is the most specific.
     routes: Vec<Route>,
@@ -44,12 +47,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: &ProxyConfig, fencer: Arc<Fencer>, backend: Backend) -> Self {
+    pub(crate) fn new(
+        config: &ProxyConfig,
+        fencer: Arc<Fencer>,
+        proofs: Option<Arc<ProofVerifier>>,
+        backend: Backend,
+    ) -> Self {
         let mut routes = config.routes.clone();
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
         Self {
             fencer,
             backend,
+            proofs,
             write_methods: config.write_methods(),
             routes,
             fence_reads: config.fence_reads,
@@ -134,6 +143,13 @@ async fn run_phases(
         return Err(ProxyError::MissingToken);
     }
 
+    // Phase: check the proof, before anything can move the fence or wait at the barrier
+    // (a forged token must not raise it), and before the body is read (a forger does not
+    // get the proxy to hold its body). Equal tokens with the same proof are a lookup.
+    if let (true, Some(token), Some(proofs)) = (ctx.fenced, ctx.token, &shared.proofs) {
+        proofs.check_header(&ctx.scope, token, &parts.headers)?;
+    }
+
     // Phase: read the body whole, bounded in size and time.
     let body = read_body(&shared, body).await?;
 
@@ -148,6 +164,7 @@ async fn run_phases(
     };
     if shared.strip_token {
         parts.headers.remove(FENCING_TOKEN);
+        parts.headers.remove(FENCING_TOKEN_PROOF);
     }
 
     // Phase: forward, in a task of its own. If the client goes away, hyper drops this
@@ -230,6 +247,14 @@ fn respond_and_log(
             if matches!(err, ProxyError::Stale { .. }) {
                 tracing::info!(
                     event = events::STALE_REJECTED, scope, token, outcome = "rejected",
+                    method = %ctx.method, cause = %err, elapsed_ms, "request"
+                );
+            } else if matches!(
+                err,
+                ProxyError::MissingProof { .. } | ProxyError::InvalidProof { .. }
+            ) {
+                tracing::warn!(
+                    event = events::PROOF_REJECTED, scope, token, outcome = "rejected",
                     method = %ctx.method, cause = %err, elapsed_ms, "request"
                 );
             } else {
@@ -373,6 +398,7 @@ mod tests {
         Shared::new(
             &config,
             Arc::new(Fencer::new(register, Duration::from_secs(1))),
+            None,
             Backend::Embedded(store),
         )
     }

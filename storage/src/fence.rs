@@ -14,6 +14,11 @@
 //! global lock and no disk I/O. Raises of one scope are serialised by that scope's own
 //! lock; raises of different scopes only meet in redb's single writer.
 //!
+//! # Reset
+//! [`FenceRegister::reset`] is the one way a fence goes down: an operator's recovery from
+//! a forged or mistaken raise. It is durable like a raise, under the same per-scope lock;
+//! the caller (the proxy) makes sure no request of the scope is in flight meanwhile.
+//!
 //! One register must own the fence table of a database: two registers on the same file
 //! would each trust their own memory, and the second would trip the paired assertion
 //! that the fence never moves down.
@@ -70,16 +75,34 @@ pub enum AdvanceError {
         /// The underlying error, rendered.
         cause: String,
     },
+    /// redb failed during a reset; the fence is unchanged.
+    #[error("storage error resetting scope {scope} to token {token}: {cause}")]
+    ResetStorage {
+        /// The scope.
+        scope: String,
+        /// The token.
+        token: u64,
+        /// The underlying error, rendered.
+        cause: String,
+    },
+}
+
+/// What a write to the fence table is: a raise may only move the stored fence up; a
+/// reset may set it to anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    Raise,
+    Reset,
 }
 
 /// The in-memory fence of one scope.
 struct ScopeFence {
     /// The highest token known durable for this scope (0 before the first raise).
-    /// Invariant: never decreases, and never exceeds the stored value; while
-    /// `advance_lock` is free it equals the stored value.
+    /// Invariant: never decreases except through a reset, and never exceeds the stored
+    /// value; while `advance_lock` is free it equals the stored value.
     current: AtomicU64,
-    /// Held across the read-check-write-read-back of a raise, so that two raises of the
-    /// same scope cannot interleave between the check and the commit.
+    /// Held across the read-check-write-read-back of a raise or a reset, so that two
+    /// changes of the same scope cannot interleave between the check and the commit.
     advance_lock: Mutex<()>,
 }
 
@@ -193,7 +216,7 @@ impl FenceRegister {
         if let Some(outcome) = settled(scope, token, previous) {
             return Ok(outcome);
         }
-        self.persist(scope, token)
+        self.persist(scope, token, Write::Raise)
             .map_err(|err| AdvanceError::Storage {
                 scope: scope.to_owned(),
                 token,
@@ -208,6 +231,54 @@ impl FenceRegister {
         );
         tracing::debug!(scope, token, previous, "fence raised");
         Ok(Advance::Raised { previous })
+    }
+
+    /// Sets the fence of `scope` to `token`, lower included, and returns the fence it
+    /// had. This is the only way a fence goes down: an operator's audited recovery from a
+    /// forged or mistaken raise, never part of admitting a request. Blocking: the new
+    /// value is committed with `Durability::Immediate` (fsynced) and read back before
+    /// this returns, as a raise is. A reset to the fence it already has writes nothing.
+    ///
+    /// It takes the scope's lock, so it never interleaves with a raise of the scope; but
+    /// a caller that admitted a request at the old fence must let it finish first, which
+    /// is the proxy's job (its in-flight barrier), not the register's.
+    pub fn reset(&self, scope: &str, token: u64) -> Result<u64, AdvanceError> {
+        let existing = self
+            .shared
+            .scopes
+            .get(scope)
+            .map(|entry| Arc::clone(entry.value()));
+        let fence = match existing {
+            Some(fence) => fence,
+            // Resetting an unseen scope to 0 is a no-op and must not use up a scope slot.
+            None if token == 0 => return Ok(0),
+            None => self.insert_scope(scope)?,
+        };
+        // As in `advance`, the mutex only orders the sequence below.
+        let _resetting = fence
+            .advance_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let previous = fence.load();
+        if previous == token {
+            return Ok(previous);
+        }
+        self.persist(scope, token, Write::Reset)
+            .map_err(|err| AdvanceError::ResetStorage {
+                scope: scope.to_owned(),
+                token,
+                cause: err.to_string(),
+            })
+            .inspect_err(|err| tracing::warn!(scope, token, cause = %err, "fence reset failed"))?;
+        // Under the lock nothing else writes `current`, so a plain swap publishes the reset
+        // and must find the value read above.
+        let published = fence.current.swap(token, Ordering::AcqRel);
+        assert_eq!(
+            published, previous,
+            "fence of scope {scope} changed from {previous} to {published} under its lock"
+        );
+        tracing::debug!(scope, token, previous, "fence reset");
+        Ok(previous)
     }
 
     /// Every scope and its fence, sorted by scope.
@@ -252,20 +323,23 @@ impl FenceRegister {
 
     /// Commits `token` as the fence of `scope`, fsynced, and reads it back.
     /// The caller holds the scope's `advance_lock` and has checked `token` against memory.
-    fn persist(&self, scope: &str, token: u64) -> Result<(), redb::Error> {
+    fn persist(&self, scope: &str, token: u64, write: Write) -> Result<(), redb::Error> {
         let db = &self.shared.db;
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         {
             let mut table = txn.open_table(FENCES)?;
             let stored = table.get(scope)?.map_or(0, |stored| stored.value());
-            // Paired assertion, first half: the stored fence never moves down. Memory
-            // equals disk under the lock, and redb latches its first I/O failure so a
-            // half-finished earlier commit cannot leave disk ahead of memory here.
-            assert!(
-                token > stored,
-                "fence of scope {scope} would move from {stored} down to {token}"
-            );
+            // Paired assertion, first half: a raise never moves the stored fence down
+            // (only a reset may). Memory equals disk under the lock, and redb latches its
+            // first I/O failure so a half-finished earlier commit cannot leave disk ahead
+            // of memory here.
+            if write == Write::Raise {
+                assert!(
+                    token > stored,
+                    "fence of scope {scope} would move from {stored} down to {token}"
+                );
+            }
             table.insert(scope, token)?;
         }
         // Dropping `txn` on an early return above aborts it: nothing reaches the disk.
@@ -302,265 +376,4 @@ fn settled(scope: &str, token: u64, current: u64) -> Option<Advance> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::open_database;
-    use std::sync::mpsc;
-    use std::time::Duration;
-
-    /// How long a test waits for an advance that must not block.
-    const NOT_BLOCKED_TIMEOUT_MS: u64 = 10_000;
-    /// How long a test watches an advance that must block, to show that it does.
-    const BLOCKED_WATCH_MS: u64 = 200;
-
-    fn register(dir: &tempfile::TempDir, scopes_max: usize) -> FenceRegister {
-        let db = open_database(&dir.path().join("fences.redb")).unwrap();
-        FenceRegister::open(db, scopes_max).unwrap()
-    }
-
-    /// Goal: higher raises, equal is unchanged, lower is stale and reports the fence.
-    /// Method: present 5, 5, 3, 9, 9, 1 to one scope and check each outcome and `current`.
-    #[test]
-    fn higher_raises_equal_is_unchanged_lower_is_stale() {
-        let dir = tempfile::tempdir().unwrap();
-        let fences = register(&dir, SCOPES_MAX_DEFAULT);
-        assert_eq!(fences.current("orders"), 0);
-
-        assert_eq!(
-            fences.advance("orders", 5).unwrap(),
-            Advance::Raised { previous: 0 }
-        );
-        assert_eq!(fences.current("orders"), 5);
-        assert_eq!(fences.advance("orders", 5).unwrap(), Advance::Unchanged);
-        assert_eq!(
-            fences.advance("orders", 3).unwrap(),
-            Advance::Stale { current: 5 }
-        );
-        assert_eq!(fences.current("orders"), 5);
-        assert_eq!(
-            fences.advance("orders", 9).unwrap(),
-            Advance::Raised { previous: 5 }
-        );
-        assert_eq!(fences.advance("orders", 9).unwrap(), Advance::Unchanged);
-        assert_eq!(
-            fences.advance("orders", 1).unwrap(),
-            Advance::Stale { current: 9 }
-        );
-        assert_eq!(fences.current("orders"), 9);
-    }
-
-    /// Goal: scopes are independent. Method: raise one scope, check another is untouched.
-    #[test]
-    fn scopes_are_independent() {
-        let dir = tempfile::tempdir().unwrap();
-        let fences = register(&dir, SCOPES_MAX_DEFAULT);
-        fences.advance("a", 7).unwrap();
-        assert_eq!(fences.current("b"), 0);
-        assert_eq!(
-            fences.advance("b", 2).unwrap(),
-            Advance::Raised { previous: 0 }
-        );
-        assert_eq!(fences.current("a"), 7);
-        assert_eq!(fences.current("b"), 2);
-    }
-
-    /// Goal: token 0 on an unseen scope is "equal" and creates nothing.
-    /// Method: advance a new scope to 0, check the outcome and that `list` stays empty.
-    #[test]
-    fn token_zero_on_new_scope_is_unchanged_and_adds_no_scope() {
-        let dir = tempfile::tempdir().unwrap();
-        let fences = register(&dir, 1);
-        assert_eq!(fences.advance("new", 0).unwrap(), Advance::Unchanged);
-        assert!(fences.list().is_empty());
-        // The one allowed scope is still free.
-        assert_eq!(
-            fences.advance("other", 1).unwrap(),
-            Advance::Raised { previous: 0 }
-        );
-    }
-
-    /// Goal: a raised fence is on disk, not only in memory.
-    /// Method: raise two scopes, drop every handle, reopen the file, read the fences.
-    #[test]
-    fn fence_survives_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let fences = register(&dir, SCOPES_MAX_DEFAULT);
-            fences.advance("orders", 41).unwrap();
-            fences.advance("orders", 42).unwrap();
-            fences.advance("users", 3).unwrap();
-            assert_eq!(
-                fences.advance("users", 2).unwrap(),
-                Advance::Stale { current: 3 }
-            );
-        }
-        let fences = register(&dir, SCOPES_MAX_DEFAULT);
-        assert_eq!(fences.current("orders"), 42);
-        assert_eq!(fences.current("users"), 3);
-        assert_eq!(
-            fences.advance("orders", 42).unwrap(),
-            Advance::Unchanged,
-            "the reopened fence is the last raise"
-        );
-        assert_eq!(
-            fences.advance("orders", 43).unwrap(),
-            Advance::Raised { previous: 42 }
-        );
-    }
-
-    /// Goal: new scopes beyond `scopes_max` are refused, while existing scopes keep
-    /// working, also after a reopen. Method: limit 2, add two scopes, try a third.
-    #[test]
-    fn new_scope_over_limit_is_refused_and_existing_scopes_still_rise() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let fences = register(&dir, 2);
-            fences.advance("a", 1).unwrap();
-            fences.advance("b", 1).unwrap();
-            let err = fences.advance("c", 1).unwrap_err();
-            assert!(
-                matches!(err, AdvanceError::ScopeLimit { ref scope, scopes_max: 2 } if scope == "c"),
-                "{err:?}"
-            );
-            assert_eq!(
-                err.to_string(),
-                "scope limit reached: 2 scopes exist, cannot add c"
-            );
-            assert_eq!(fences.current("c"), 0);
-            assert_eq!(
-                fences.advance("a", 2).unwrap(),
-                Advance::Raised { previous: 1 }
-            );
-        }
-        // Scopes loaded from disk count against the limit.
-        let fences = register(&dir, 2);
-        assert!(matches!(
-            fences.advance("c", 1),
-            Err(AdvanceError::ScopeLimit { .. })
-        ));
-        assert_eq!(
-            fences.list(),
-            vec![("a".to_owned(), 2), ("b".to_owned(), 1)]
-        );
-    }
-
-    /// Goal: `list` returns every raised scope, sorted by scope.
-    /// Method: raise scopes out of order, compare with the sorted expectation.
-    #[test]
-    fn list_is_sorted_by_scope() {
-        let dir = tempfile::tempdir().unwrap();
-        let fences = register(&dir, SCOPES_MAX_DEFAULT);
-        for (scope, token) in [("m", 3), ("z", 1), ("a", 9), ("k", 4)] {
-            fences.advance(scope, token).unwrap();
-        }
-        assert_eq!(
-            fences.list(),
-            vec![
-                ("a".to_owned(), 9),
-                ("k".to_owned(), 4),
-                ("m".to_owned(), 3),
-                ("z".to_owned(), 1),
-            ]
-        );
-    }
-
-    /// Goal: equal and lower tokens and reads never touch redb, while a raise does.
-    /// Method: hold redb's only write transaction open, so any advance that writes must
-    /// block. Equal, lower and `current` must finish anyway; a raise must not finish until
-    /// the transaction is dropped (this half shows the method can detect disk access).
-    #[test]
-    fn equal_and_lower_tokens_do_no_disk_io() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = open_database(&dir.path().join("fences.redb")).unwrap();
-        let fences = FenceRegister::open(Arc::clone(&db), SCOPES_MAX_DEFAULT).unwrap();
-        fences.advance("orders", 10).unwrap();
-
-        let writer = db.begin_write().unwrap();
-        let (done_tx, done_rx) = mpsc::channel();
-        let probe = fences.clone();
-        let memory_only = std::thread::spawn(move || {
-            let outcomes = (
-                probe.advance("orders", 10).unwrap(),
-                probe.advance("orders", 4).unwrap(),
-                probe.current("orders"),
-            );
-            done_tx.send(outcomes).unwrap();
-        });
-        let outcomes = done_rx
-            .recv_timeout(Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS))
-            .expect("equal/lower advance blocked on the redb writer: it touched the disk");
-        assert_eq!(
-            outcomes,
-            (Advance::Unchanged, Advance::Stale { current: 10 }, 10)
-        );
-        memory_only.join().unwrap();
-
-        let (raised_tx, raised_rx) = mpsc::channel();
-        let probe = fences.clone();
-        let raising = std::thread::spawn(move || {
-            raised_tx
-                .send(probe.advance("orders", 11).unwrap())
-                .unwrap();
-        });
-        assert!(
-            raised_rx
-                .recv_timeout(Duration::from_millis(BLOCKED_WATCH_MS))
-                .is_err(),
-            "a raise finished while redb's writer was held: it did not write"
-        );
-        // Until the raise is durable, readers still see the old fence.
-        assert_eq!(fences.current("orders"), 10);
-        drop(writer);
-        assert_eq!(
-            raised_rx
-                .recv_timeout(Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS))
-                .unwrap(),
-            Advance::Raised { previous: 10 }
-        );
-        raising.join().unwrap();
-        assert_eq!(fences.current("orders"), 11);
-    }
-
-    /// Goal: concurrent raises of one scope each see a consistent previous fence and the
-    /// result is the maximum. Method: several threads raise the same scope with
-    /// interleaved tokens; every `Raised { previous }` must be below its token, and the
-    /// final fence must be the highest token.
-    #[test]
-    fn concurrent_raises_of_one_scope_end_at_the_maximum() {
-        const THREADS: u64 = 4;
-        const TOKENS_PER_THREAD: u64 = 8;
-        let dir = tempfile::tempdir().unwrap();
-        let fences = register(&dir, SCOPES_MAX_DEFAULT);
-        std::thread::scope(|threads| {
-            for thread in 0..THREADS {
-                let fences = &fences;
-                threads.spawn(move || {
-                    for step in 0..TOKENS_PER_THREAD {
-                        let token = step * THREADS + thread + 1;
-                        match fences.advance("shared", token).unwrap() {
-                            Advance::Raised { previous } => assert!(previous < token),
-                            Advance::Stale { current } => assert!(current > token),
-                            Advance::Unchanged => panic!("tokens are distinct"),
-                        }
-                    }
-                });
-            }
-        });
-        assert_eq!(fences.current("shared"), THREADS * TOKENS_PER_THREAD);
-    }
-
-    /// Goal: a register opened on a file without the fence table starts empty and creates
-    /// the table on the first raise. Method: a bare `redb::Database`, not `open_database`.
-    #[test]
-    fn open_without_fence_table_starts_empty() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("bare.redb");
-        let db = Arc::new(redb::Database::create(&path).unwrap());
-        let fences = FenceRegister::open(db, SCOPES_MAX_DEFAULT).unwrap();
-        assert!(fences.list().is_empty());
-        assert_eq!(
-            fences.advance("s", 1).unwrap(),
-            Advance::Raised { previous: 0 }
-        );
-    }
-}
+mod tests;

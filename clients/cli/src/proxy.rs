@@ -40,6 +40,23 @@ pub(crate) struct ProxyArgs {
     /// PEM private key for TLS on the client listener (needs --tls-cert).
     #[arg(long, env = "PALISADE_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// PEM Ed25519 public key (token.pub) whose signatures prove tokens; repeat it (or
+    /// separate files with commas) to accept several keys during a rotation. With any,
+    /// a fenced request needs a valid Fencing-Token-Proof. Replaces the config file's keys.
+    #[arg(
+        long = "token-pub",
+        value_name = "FILE",
+        env = "PALISADE_TOKEN_PUB",
+        value_delimiter = ','
+    )]
+    token_pub: Vec<PathBuf>,
+    /// File holding the admin API's bearer token (at least 16 bytes). With it, every
+    /// admin route but /healthz needs `Authorization: Bearer <token>`.
+    #[arg(long, value_name = "FILE", env = "PALISADE_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// Serve /metrics without the admin token.
+    #[arg(long, env = "PALISADE_ADMIN_METRICS_PUBLIC")]
+    admin_metrics_public: bool,
 }
 
 impl ProxyArgs {
@@ -70,6 +87,15 @@ impl ProxyArgs {
         }
         if let (Some(cert), Some(key)) = (self.tls_cert, self.tls_key) {
             config.tls = Some(TlsConfig { cert, key });
+        }
+        if !self.token_pub.is_empty() {
+            config.token_pub = self.token_pub;
+        }
+        if let Some(v) = self.admin_token_file {
+            config.admin_token_file = Some(v);
+        }
+        if self.admin_metrics_public {
+            config.admin_metrics_public = true;
         }
         Ok(config)
     }
