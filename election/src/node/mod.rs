@@ -15,7 +15,10 @@
 //! - `handle`: [`NodeHandle`] and `Commands`, the ways into a running loop.
 //! - `ready`: `ElectionLoop`, the task that owns the `RawNode` and handles each `Ready`.
 //! - `transfer`: starting leadership transfers and answering them once decided.
-//! - `publish`: turning raft's state into the published [`Leadership`].
+//! - `publish`: turning raft's state into the published [`Leadership`], signing each new
+//!   token's proof.
+//! - `guard`: the last check of every peer message before `step` (defence in depth).
+//! - `signer`: loading `--token-key` and `--announce-token-file`, and signing proofs.
 
 mod error;
 mod guard;
