@@ -12,6 +12,9 @@
 //!   worker per node stopping at a failpoint on demand, and the history of every write.
 //! - `terms`: term and fence checks over a whole run, from polled views and the nodes'
 //!   logs (their `event` field).
+//! - `trust`: keys and certificates made by `palisade keys/certs generate`, token proofs
+//!   signed with the generated key (and forged ones), admin token files, log events.
+//! - `peer_wire`: a hostile peer speaking the nodes' wire by hand, over TCP or TLS.
 //! - `wait`: waiting for a condition with a deadline; a timeout panics.
 //! - `process`: a panicking facade over `palisade_cluster`'s launchers, and waiting for a
 //!   child to stop at a failpoint.
@@ -24,8 +27,10 @@
 pub mod client;
 pub mod fixtures;
 pub mod netns;
+pub mod peer_wire;
 pub mod scenario;
 pub mod terms;
+pub mod trust;
 pub mod upstream;
 pub mod wait;
 
