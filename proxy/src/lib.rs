@@ -134,9 +134,6 @@ impl ProxyHandle {
 pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     config.validate()?;
     let proofs = if config.token_pub.is_empty() {
-        tracing::warn!(
-            "no token_pub: token proofs are not checked, so any client can raise fences"
-        );
         None
     } else {
         Some(Arc::new(ProofVerifier::load(&config.token_pub)?))
@@ -149,6 +146,12 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
             .transpose()?,
         metrics_public: config.admin_metrics_public,
     });
+    // Warned once every trust file has loaded, so a config error is not preceded by it.
+    if proofs.is_none() {
+        tracing::warn!(
+            "no token_pub: token proofs are not checked, so any client can raise fences"
+        );
+    }
     let limits = &config.limits;
     let database = config.data_dir.join(DATABASE_FILE);
     let db = palisade_storage::open_database(&database)?;

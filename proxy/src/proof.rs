@@ -323,6 +323,11 @@ mod tests {
             verifier.check("jobs", 7, b""),
             Err(ProofFault::WrongLength { bytes: 0 })
         );
+        assert_eq!(
+            verifier.check("jobs", 7, "é".repeat(43).as_bytes()),
+            Err(ProofFault::NotBase64),
+            "non-ASCII bytes are not base64url"
+        );
         let long = "A".repeat(PROOF_CHARS_MAX);
         assert_eq!(
             verifier.check("jobs", 7, long.as_bytes()),

@@ -390,6 +390,11 @@ async fn admin_routes_need_the_bearer_except_healthz() {
     }
     let reset = h.reset("default", r#"{"token":1,"reason":"test"}"#);
     unauthorized(reset.send().await.unwrap(), "no Authorization header").await;
+    // Without keys an advance needs the bearer; a proof cannot stand in for it.
+    let advance = h.advance("default", 3, Some("A".repeat(86)));
+    unauthorized(advance.send().await.unwrap(), "no Authorization header").await;
+    let advance = h.advance("default", 3, None).bearer_auth(ADMIN_TOKEN);
+    assert_eq!(advance.send().await.unwrap().status(), StatusCode::OK);
     // The advance exception covers only the POST of the advance route.
     let reset_as_advance =
         h.client
