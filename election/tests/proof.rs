@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use palisade_election::{Leadership, MemNetwork, Node, NodeConfig, NodeHandle};
+use palisade_election::{LeaderView, Leadership, MemNetwork, Node, NodeConfig, NodeHandle};
 use palisade_protocol::proof::proof_message;
 use redb::backends::InMemoryBackend;
 use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
@@ -122,6 +122,50 @@ async fn leader_token_carries_a_proof_that_follows_the_token() {
     for n in nodes {
         n.shutdown().await.unwrap();
     }
+}
+
+/// Goal: the node API's leader view carries the proof, base64url without padding, and
+/// it verifies for the view's scope and token. Method: a one-node cluster with a key and
+/// an API on loopback; wait for the token; `GET /v1/leader` over a plain socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_view_carries_the_proof() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = tempfile::tempdir().unwrap();
+    let (pem, public) = key_pair();
+    let key = dir.path().join("token.key");
+    std::fs::write(&key, pem).unwrap();
+    let config = NodeConfig {
+        id: 1,
+        peers: [(1, "127.0.0.1:7001".to_owned())].into_iter().collect(),
+        scope: SCOPE.to_owned(),
+        api: Some("127.0.0.1:0".parse().unwrap()),
+        tick_ms: 20,
+        token_key: Some(key),
+        ..NodeConfig::default()
+    };
+    let node = Node::start_in_memory(config, memory_db(), &MemNetwork::new())
+        .await
+        .unwrap();
+    let (_, l) = leader_other_than(std::slice::from_ref(&node), None).await;
+    let mut stream = tokio::net::TcpStream::connect(node.api_addr().unwrap())
+        .await
+        .unwrap();
+    stream
+        .write_all(b"GET /v1/leader HTTP/1.1\r\nhost: node\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let body = answer.split_once("\r\n\r\n").unwrap().1;
+    let view: LeaderView = serde_json::from_str(body).unwrap();
+    assert_eq!(view.token, l.token);
+    let proof = view.proof.expect("the view carries the proof");
+    assert_eq!(Some(proof.clone()), l.proof.map(|p| p.encode()));
+    let signature = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(&proof)
+        .unwrap();
+    assert!(verifies(&public, view.token.unwrap(), &signature));
+    node.shutdown().await.unwrap();
 }
 
 /// Goal: without a key, a token carries no proof (the behaviour before signed tokens).
