@@ -9,10 +9,12 @@
 //! append whose entries are not the consecutive run after its index (`maybe_append` slices
 //! and panics), an append acknowledgement beyond the leader's log (the next append reads
 //! entries out of bounds), a snapshot of another membership, and a `MsgTimeoutNow` that is
-//! not from the leader this node follows. A dropped message is logged and counted; the
-//! node keeps running.
+//! not from the leader this node follows. A dropped message is counted, and logged at most
+//! once per reason per [`DROP_WARN_INTERVAL_MS`] (a flood of forged frames must not become
+//! a flood of log lines); the node keeps running.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use raft::eraftpb::{Message, MessageType};
 
@@ -42,6 +44,40 @@ pub(crate) struct Guard {
 /// and `u64::MAX` would overflow there. `u64::MAX - 1` is refused as well, so this node
 /// itself can always campaign once more.
 pub const TERM_ACCEPTED_MAX: u64 = u64::MAX - 2;
+
+/// Shortest time between two warnings about dropped peer messages of the same reason, in
+/// milliseconds; the drops in between are counted and reported with the next warning.
+pub const DROP_WARN_INTERVAL_MS: u64 = 1_000;
+
+/// Rate limit of the drop warnings: per reason, the last warning's time and the drops
+/// not logged since.
+#[derive(Debug, Default)]
+pub(crate) struct DropLog {
+    last: HashMap<&'static str, (Instant, u64)>,
+}
+
+impl DropLog {
+    /// Whether a drop for `reason` at `now` is to be logged; `Some(n)` with the `n` drops
+    /// of that reason left unlogged since the last warning.
+    pub(crate) fn should_log(&mut self, reason: &'static str, now: Instant) -> Option<u64> {
+        let interval = Duration::from_millis(DROP_WARN_INTERVAL_MS);
+        match self.last.get_mut(reason) {
+            Some((at, suppressed)) if now.saturating_duration_since(*at) < interval => {
+                *suppressed = suppressed.saturating_add(1);
+                None
+            }
+            Some((at, suppressed)) => {
+                let n = std::mem::take(suppressed);
+                *at = now;
+                Some(n)
+            }
+            None => {
+                self.last.insert(reason, (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
 
 /// Why a peer message was dropped. `reason()` is the metric label.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

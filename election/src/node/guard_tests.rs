@@ -255,3 +255,20 @@ fn timeout_now_not_from_the_leader_is_dropped() {
             .is_err()
     );
 }
+
+/// Goal: a flood of drops of one reason logs at most one warning per interval, and the
+/// next warning reports how many were not logged; another reason is not held back.
+/// Method: 1,000 drops within one interval, one more after it, one of another reason.
+#[test]
+fn drop_warnings_are_rate_limited_per_reason() {
+    let mut log = DropLog::default();
+    let t0 = std::time::Instant::now();
+    assert_eq!(log.should_log("commit_beyond_log", t0), Some(0));
+    for _ in 0..1_000 {
+        assert_eq!(log.should_log("commit_beyond_log", t0), None);
+    }
+    assert_eq!(log.should_log("term_overflow", t0), Some(0));
+    let later = t0 + std::time::Duration::from_millis(DROP_WARN_INTERVAL_MS);
+    assert_eq!(log.should_log("commit_beyond_log", later), Some(1_000));
+    assert_eq!(log.should_log("commit_beyond_log", later), None);
+}

@@ -297,6 +297,7 @@ async fn start(
             voters: config.peers.keys().copied().collect(),
             max_term_gap: config.max_term_gap,
         },
+        drop_log: guard::DropLog::default(),
         signer,
     };
     let main = tokio::spawn(

@@ -16,7 +16,7 @@ use tracing::{debug, error, info, warn};
 use palisade_protocol::process::events;
 use palisade_storage::{RaftLog, RaftLogError, ReadyWrite};
 
-use super::guard::{Guard, LocalState};
+use super::guard::{DropLog, Guard, LocalState};
 use super::signer::TokenSigner;
 use super::transfer::PendingTransfer;
 use super::{
@@ -56,6 +56,8 @@ pub(super) struct ElectionLoop {
     pub(super) shutdown: CancellationToken,
     /// The last check of every peer message before it is stepped.
     pub(super) guard: Guard,
+    /// Rate limit of the guard's warnings.
+    pub(super) drop_log: DropLog,
     /// Signs each new token's proof (`--token-key`); `None`: tokens carry no proof.
     pub(super) signer: Option<TokenSigner>,
 }
@@ -200,17 +202,23 @@ impl ElectionLoop {
             Msg::Raft(m) => {
                 let (from, kind) = (m.from, m.get_msg_type());
                 if let Err(cause) = self.guard.check(&m, &self.local_state()) {
-                    self.metrics.inbound_dropped(cause.reason());
-                    warn!(
-                        node_id = self.id,
-                        from,
-                        msg_type = ?kind,
-                        term = m.term,
-                        own_term = self.raw_node.raft.term,
-                        reason = cause.reason(),
-                        cause = %cause,
-                        "peer message dropped before raft saw it"
-                    );
+                    let reason = cause.reason();
+                    self.metrics.inbound_dropped(reason);
+                    if let Some(unlogged) =
+                        self.drop_log.should_log(reason, std::time::Instant::now())
+                    {
+                        warn!(
+                            node_id = self.id,
+                            from,
+                            msg_type = ?kind,
+                            term = m.term,
+                            own_term = self.raw_node.raft.term,
+                            reason,
+                            unlogged_since_last = unlogged,
+                            cause = %cause,
+                            "peer message dropped before raft saw it"
+                        );
+                    }
                     return;
                 }
                 if let Err(err) = self.raw_node.step(*m) {
