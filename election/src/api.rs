@@ -34,6 +34,7 @@ use palisade_protocol::{
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -102,7 +103,9 @@ impl ApiState {
 type Shared = Arc<ApiState>;
 
 /// Serves the API on `listener` until `state.shutdown`, then drains in-flight requests.
-pub(crate) async fn serve(listener: TcpListener, state: ApiState) {
+/// With `tls` (the node's mutual-TLS acceptor), the API is HTTPS and every connection must
+/// present a client certificate from the cluster CA.
+pub(crate) async fn serve(listener: TcpListener, state: ApiState, tls: Option<TlsAcceptor>) {
     let shutdown = state.shutdown.clone();
     let limits = ControlLimits {
         name: "node-api",
@@ -110,7 +113,7 @@ pub(crate) async fn serve(listener: TcpListener, state: ApiState) {
         header_read_timeout: Duration::from_millis(API_HEADER_TIMEOUT_MS),
         drain_timeout: Duration::from_millis(API_DRAIN_TIMEOUT_MS),
     };
-    palisade_protocol::server::serve(listener, app(state), limits, async move {
+    palisade_protocol::server::serve_tls(listener, app(state), limits, tls, async move {
         shutdown.cancelled().await;
     })
     .await;

@@ -32,6 +32,8 @@ pub const MAX_TERM_GAP_DEFAULT: u64 = 1_000;
 
 /// The configuration of one node. Every field has a default except `id`, `peers` and
 /// `data_dir`, which [`NodeConfig::validate`] requires.
+// Each bool is an independent switch of its own flag or file key, not a state machine.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
@@ -65,6 +67,12 @@ pub struct NodeConfig {
     /// node` sets it only when `PALISADE_TEST_FAULTS=1` is in its environment.
     #[serde(skip)]
     pub test_faults: bool,
+    /// Mutual TLS (`--cert`, `--key`, `--ca`; the file's `[tls]` table) on the peer links
+    /// and the API. `None`: plaintext, allowed only on loopback addresses unless
+    /// `insecure`.
+    pub tls: Option<NodeTls>,
+    /// Allows plaintext peers and API on addresses other than loopback (`--insecure`).
+    pub insecure: bool,
     /// The cluster's token signing key (`--token-key`): a PEM `PRIVATE KEY` file holding an
     /// Ed25519 PKCS#8 document. With it, every token is published with its proof.
     pub token_key: Option<PathBuf>,
@@ -92,11 +100,27 @@ impl Default for NodeConfig {
             check_quorum: true,
             pre_vote: true,
             test_faults: false,
+            tls: None,
+            insecure: false,
             token_key: None,
             announce_token_file: None,
             max_term_gap: MAX_TERM_GAP_DEFAULT,
         }
     }
+}
+
+/// A node's TLS material, PEM files: its certificate, which must name `node-<id>` (a DNS
+/// subject alternative name; also the names or addresses clients use for the API), its
+/// key, and the cluster CA that issued every node's and every API client's certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTls {
+    /// This node's certificate chain.
+    pub cert: PathBuf,
+    /// This node's private key.
+    pub key: PathBuf,
+    /// The cluster CA's certificate(s).
+    pub ca: PathBuf,
 }
 
 /// A configuration value that is wrong, naming the field.
@@ -222,9 +246,36 @@ impl NodeConfig {
                 return Err(ConfigError::new(field, "is an empty path"));
             }
         }
+        self.check_plaintext()?;
         self.raft_config()
             .validate()
             .map_err(|e| ConfigError::new(raft_error_field(&e), e.to_string()))
+    }
+
+    /// Without TLS and without `insecure`, the API and every peer address must be loopback
+    /// IP addresses: plaintext raft and an unauthenticated API must not reach a network.
+    /// Host names are refused too, since what they resolve to is not known here.
+    fn check_plaintext(&self) -> Result<(), ConfigError> {
+        if self.tls.is_some() || self.insecure {
+            return Ok(());
+        }
+        let advice = "plaintext is allowed only on loopback addresses; give --cert, --key \
+                      and --ca for mutual TLS, or --insecure";
+        if let Some(api) = self.api.filter(|a| !a.ip().is_loopback()) {
+            return Err(ConfigError::new(
+                "api",
+                format!("{api} is not a loopback address: {advice}"),
+            ));
+        }
+        for (&id, addr) in &self.peers {
+            if !is_loopback_host_port(addr) {
+                return Err(ConfigError::new(
+                    "peers",
+                    format!("address {addr} of node {id} is not a loopback IP address: {advice}"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The raft configuration this node runs with.
@@ -253,6 +304,14 @@ impl NodeConfig {
     pub fn tick(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.tick_ms)
     }
+}
+
+/// Whether `HOST:PORT` names a loopback IP address (`127.0.0.0/8`, `[::1]`).
+fn is_loopback_host_port(addr: &str) -> bool {
+    split_host_port(addr)
+        .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
+        .and_then(|host| host.parse::<std::net::IpAddr>().ok())
+        .is_some_and(|ip| ip.is_loopback())
 }
 
 /// Names the field a raft `Config::validate` error is about.
@@ -362,5 +421,37 @@ mod tests {
             let err = cfg.validate().unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
+    }
+
+    /// Goal: plaintext is refused off loopback, naming the address, and allowed with TLS
+    /// or `insecure`; host names count as not loopback.
+    /// Method: a wildcard API, a LAN peer, a host-name peer; then the same with TLS and
+    /// with `insecure`.
+    #[test]
+    fn plaintext_off_loopback_needs_tls_or_insecure() {
+        let mut api = valid();
+        api.api = Some("0.0.0.0:8001".parse().unwrap());
+        let err = api.validate().unwrap_err();
+        assert_eq!(err.field, "api", "{err}");
+        assert!(err.message.contains("0.0.0.0:8001"), "{err}");
+        for addr in ["10.0.0.2:7002", "localhost:7002", "[::2]:7002"] {
+            let mut peer = valid();
+            peer.peers.insert(2, addr.to_owned());
+            let err = peer.validate().unwrap_err();
+            assert_eq!(err.field, "peers", "{err}");
+            assert!(err.message.contains(addr), "{err}");
+            peer.insecure = true;
+            peer.validate().unwrap();
+            peer.insecure = false;
+            peer.tls = Some(NodeTls {
+                cert: "n.pem".into(),
+                key: "n.key".into(),
+                ca: "ca.pem".into(),
+            });
+            peer.validate().unwrap();
+        }
+        let mut v6 = valid();
+        v6.peers.insert(2, "[::1]:7002".to_owned());
+        v6.validate().unwrap();
     }
 }

@@ -36,6 +36,8 @@
 //! - `transport`: the peer protocol (length-prefixed prost frames carrying protobuf raft
 //!   messages), inbound checks, the TCP transport, its test faults (drop or delay per peer,
 //!   off unless enabled), and the in-memory test network.
+//! - `tls`: mutual TLS of the peer links and the API (`--cert`, `--key`, `--ca`): the
+//!   certificate names `node-<id>`, checked at start, by dialers and by acceptors.
 //! - `announce`: fencing the configured proxies when this node becomes established, with
 //!   `palisade_client`'s admin client and backoff policy.
 //! - `token_source`: [`NodeHandleSource`], a `palisade_client::TokenSource` over an
@@ -51,6 +53,7 @@ mod config;
 mod leadership;
 mod metrics;
 mod node;
+mod tls;
 mod token_source;
 pub mod transport;
 
@@ -61,8 +64,8 @@ pub use api::{
 };
 pub use config::{
     ConfigError, ELECTION_TICKS_DEFAULT, ELECTION_TICKS_MAX, HEARTBEAT_TICKS_DEFAULT,
-    MAX_TERM_GAP_DEFAULT, NodeConfig, PEERS_MAX, TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN,
-    split_host_port,
+    MAX_TERM_GAP_DEFAULT, NodeConfig, NodeTls, PEERS_MAX, TICK_MS_DEFAULT, TICK_MS_MAX,
+    TICK_MS_MIN, split_host_port,
 };
 pub use leadership::{Leadership, TOKEN_PROOF_BYTES, TokenProof};
 pub use node::{

@@ -24,6 +24,8 @@
 //! - `process`: ready lines, failpoint lines, environment variable names, log event names.
 //! - `server` (feature `server`): the control-plane stack on axum: problem+json errors,
 //!   extractors, and the accept loop the admin API and the node API share.
+//! - `tls` (feature `server`): PEM files into rustls configurations, and the acceptor of a
+//!   control-plane listener with optional mutual TLS.
 #![deny(missing_docs)]
 
 pub mod admin;
@@ -36,6 +38,8 @@ pub mod scope;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod store;
+#[cfg(feature = "server")]
+pub mod tls;
 pub mod token;
 
 pub use admin::{

@@ -99,6 +99,9 @@ pub struct ProxyConfig {
     pub routes: Vec<Route>,
     /// TLS on the client listener. Absent: cleartext (HTTP/1.1 and h2c).
     pub tls: Option<TlsConfig>,
+    /// TLS on the admin listener, with mutual TLS when `client_ca` is set. Absent:
+    /// cleartext (a warning at start when the admin address is not loopback).
+    pub admin_tls: Option<AdminTlsConfig>,
     /// PEM Ed25519 public keys (`token.pub`) of the clusters whose tokens this proxy
     /// admits. When set, a fenced request needs a `Fencing-Token-Proof` that verifies
     /// under one of them for its scope and token; several keys allow a rotation. Empty:
@@ -132,6 +135,20 @@ pub struct TlsConfig {
     pub cert: PathBuf,
     /// Private key, PEM (PKCS#8, PKCS#1 or SEC1).
     pub key: PathBuf,
+}
+
+/// TLS for the admin listener, from PEM files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminTlsConfig {
+    /// Certificate chain, PEM.
+    pub cert: PathBuf,
+    /// Private key, PEM (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA certificates, PEM: when set, every admin connection must present a client
+    /// certificate one of them issued, or its handshake fails.
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
 }
 
 /// Limits. Each bounds something a client or an upstream could otherwise grow without end.
@@ -210,6 +227,7 @@ impl Default for ProxyConfig {
             strip_token: false,
             routes: Vec::new(),
             tls: None,
+            admin_tls: None,
             token_pub: Vec::new(),
             admin_token_file: None,
             admin_metrics_public: false,

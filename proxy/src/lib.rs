@@ -65,7 +65,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 pub use auth::{ADMIN_TOKEN_FILE_BYTES_MAX, AuthError};
-pub use config::{ADMIN_TOKEN_BYTES_MIN, ConfigError, Limits, ProxyConfig, Route, TlsConfig};
+pub use config::{
+    ADMIN_TOKEN_BYTES_MIN, AdminTlsConfig, ConfigError, Limits, ProxyConfig, Route, TlsConfig,
+};
 pub use embedded::LIST_KEYS_MAX;
 pub use error::{Cause, ProxyError};
 pub use proof::{KEY_FILE_BYTES_MAX, PROOF_CACHE_SCOPES_MAX, ProofFault};
@@ -167,6 +169,17 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         Some(t) => Some(tokio_rustls::TlsAcceptor::from(tls::server_config(t)?)),
         None => None,
     };
+    if config.admin_tls.is_none() && !config.admin_listen.ip().is_loopback() {
+        tracing::warn!(admin = %config.admin_listen,
+            "the admin API is plaintext on an address that is not loopback; \
+             set [admin_tls] (--admin-cert, --admin-key, --admin-client-ca)");
+    }
+    let admin_tls = config
+        .admin_tls
+        .as_ref()
+        .map(|t| palisade_protocol::tls::acceptor(&t.cert, &t.key, t.client_ca.as_deref()))
+        .transpose()
+        .map_err(admin_tls_error)?;
     // Install the recorder, then bind the hot-path handles to it, before any request.
     metrics::prometheus();
     metrics::hot_path_handles();
@@ -214,10 +227,11 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         move |req, peer| service::handle(Arc::clone(&shared), req, peer),
     ));
     let mut admin_shutdown = shutdown_rx;
-    tasks.spawn(palisade_protocol::server::serve(
+    tasks.spawn(palisade_protocol::server::serve_tls(
         admin_listener,
         admin::app(admin_state),
         admin_limits,
+        admin_tls,
         async move {
             // Both listeners stop on the same signal. A dropped sender (the handle gone)
             // also ends the wait, as it ends the client listener's.
@@ -227,7 +241,10 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     tracing::info!(%listen, %admin, database = %database.display(),
         upstream = config.upstream.as_deref().unwrap_or("embedded object store"),
         tls = config.tls.is_some(), token_pub_keys = config.token_pub.len(),
-        admin_token = config.admin_token_file.is_some(), "proxy started");
+        admin_token = config.admin_token_file.is_some(),
+        admin_tls = config.admin_tls.is_some(),
+        admin_mtls = config.admin_tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        "proxy started");
     Ok(ProxyHandle {
         listen,
         admin,
@@ -235,4 +252,16 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         shutdown,
         tasks,
     })
+}
+
+/// The admin listener's TLS errors, as the proxy's [`TlsError`].
+fn admin_tls_error(err: palisade_protocol::tls::TlsFileError) -> TlsError {
+    match err {
+        palisade_protocol::tls::TlsFileError::Rustls(e) => TlsError::Rustls(e),
+        other => TlsError::Pem {
+            what: "admin TLS file",
+            path: "[admin_tls]".to_owned(),
+            reason: other.to_string(),
+        },
+    }
 }

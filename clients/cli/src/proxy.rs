@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use palisade_protocol::process::ProxyReady;
-use palisade_proxy::{ProxyConfig, StartError, TlsConfig};
+use palisade_proxy::{AdminTlsConfig, ProxyConfig, StartError, TlsConfig};
 
 use crate::Failure;
 
@@ -40,6 +40,16 @@ pub(crate) struct ProxyArgs {
     /// PEM private key for TLS on the client listener (needs --tls-cert).
     #[arg(long, env = "PALISADE_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// PEM certificate chain for TLS on the admin listener (needs --admin-key).
+    #[arg(long, env = "PALISADE_ADMIN_CERT", requires = "admin_key")]
+    admin_cert: Option<PathBuf>,
+    /// PEM private key for TLS on the admin listener (needs --admin-cert).
+    #[arg(long, env = "PALISADE_ADMIN_KEY", requires = "admin_cert")]
+    admin_key: Option<PathBuf>,
+    /// PEM CA bundle: the admin listener then requires a client certificate it issued
+    /// (mutual TLS; needs --admin-cert and --admin-key, or `[admin_tls]` in the file).
+    #[arg(long, env = "PALISADE_ADMIN_CLIENT_CA")]
+    admin_client_ca: Option<PathBuf>,
     /// PEM Ed25519 public key (token.pub) whose signatures prove tokens; repeat it (or
     /// separate files with commas) to accept several keys during a rotation. With any,
     /// a fenced request needs a valid Fencing-Token-Proof. Replaces the config file's keys.
@@ -87,6 +97,26 @@ impl ProxyArgs {
         }
         if let (Some(cert), Some(key)) = (self.tls_cert, self.tls_key) {
             config.tls = Some(TlsConfig { cert, key });
+        }
+        if let (Some(cert), Some(key)) = (self.admin_cert, self.admin_key) {
+            let client_ca = config.admin_tls.take().and_then(|t| t.client_ca);
+            config.admin_tls = Some(AdminTlsConfig {
+                cert,
+                key,
+                client_ca,
+            });
+        }
+        if let Some(ca) = self.admin_client_ca {
+            match config.admin_tls.as_mut() {
+                Some(admin_tls) => admin_tls.client_ca = Some(ca),
+                None => {
+                    return Err(Failure::Usage(
+                        "--admin-client-ca needs --admin-cert and --admin-key (or [admin_tls] \
+                         in the config file): mutual TLS needs the admin listener on TLS"
+                            .to_owned(),
+                    ));
+                }
+            }
         }
         if !self.token_pub.is_empty() {
             config.token_pub = self.token_pub;

@@ -176,6 +176,8 @@ async fn start(
         Some(path) => Some(signer::load_bearer(path)?),
         None => None,
     };
+    // TLS files are read and checked before anything binds, like the secrets above.
+    let tls = crate::tls::prepare(&config)?;
     let raft_config = config.raft_config();
     let logger = slog::Logger::root(tracing_slog::TracingSlogDrain, slog::o!());
     let raw_node = {
@@ -208,6 +210,7 @@ async fn start(
                 &config.peers,
                 inbox,
                 Arc::clone(&faults),
+                tls.as_ref(),
                 &shutdown,
                 &mut tasks,
             )
@@ -270,6 +273,7 @@ async fn start(
                         faults: faults.is_enabled().then(|| Arc::clone(&faults)),
                         shutdown: shutdown.clone(),
                     },
+                    tls.as_ref().map(|t| t.api_acceptor.clone()),
                 )
                 .instrument(info_span!("api", node_id = id)),
             );
@@ -312,6 +316,7 @@ async fn start(
         term = hard_state.term,
         peer_addr = ?peer_addr,
         api_addr = ?api_addr,
+        tls = tls.is_some(),
         signed_tokens = has_key,
         max_term_gap = config.max_term_gap,
         "node started"

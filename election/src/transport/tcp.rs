@@ -9,8 +9,12 @@
 //! and the loop reports it unreachable; raft resends.
 //!
 //! Only configured ids are accepted, and every message must name the connection's peer as
-//! sender and this node as recipient. There is no authentication beyond that: run peers on
-//! a trusted network.
+//! sender and this node as recipient. With TLS ([`crate::tls`]) every connection is mutual
+//! TLS under the cluster CA: the dialer checks that the callee's certificate names
+//! `node-<callee>`, and the acceptor that the caller's names the id its hello claims. A
+//! new connection replaces the live one of its peer only when its certificate proves that
+//! identity; in plaintext mode (loopback only, or `--insecure`) it replaces it only once
+//! the old one has ended ([`registry`]).
 //!
 //! Test faults ([`super::faults`]) hook in at two places: the send path (drop, or stamp a
 //! due time that the writer waits for) and the reader (drop what a cut-off peer sent).
@@ -18,35 +22,42 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt as _};
 use prost::Message as _;
 use raft::eraftpb::Message;
-use tokio::io::{AsyncRead, AsyncReadExt as _};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span, warn};
+
+use self::registry::Registry;
 
 use super::faults::{LinkFaults, Outbound};
 use super::{
     Delivery, FRAME_BYTES_MAX, Hello, PEER_QUEUE_MAX, PROTOCOL_VERSION, PeerFrame, PeerInbox,
     Transport, check_inbound, encode_raft,
 };
+use crate::tls::{NodeTlsMaterial, check_peer_certificate, peer_server_name};
+
+mod registry;
 
 /// Time allowed for a TCP connect to a peer.
 pub const PEER_CONNECT_TIMEOUT_MS: u64 = 1_000;
 /// Time allowed for writing one batch to a peer before the connection is dropped: a
 /// stopped peer must not hold messages (and memory) forever.
 pub const PEER_WRITE_TIMEOUT_MS: u64 = 2_000;
-/// Time a new inbound connection has to send its [`Hello`].
+/// Time a new inbound connection has to complete its TLS handshake, and then again to send
+/// its [`Hello`]; also the time a dialer's TLS handshake may take.
 pub const PEER_HANDSHAKE_TIMEOUT_MS: u64 = 2_000;
 /// First reconnect delay after a failed connect.
 pub const PEER_BACKOFF_MIN_MS: u64 = 20;
@@ -100,12 +111,14 @@ impl Transport for TcpTransport {
 }
 
 /// Binds this node's peer address, spawns the listener and one writer per peer into
-/// `tasks`, and returns the transport and the bound address.
+/// `tasks`, and returns the transport and the bound address. With `tls`, every link is
+/// mutual TLS.
 pub(crate) async fn start(
     id: u64,
     peers: &BTreeMap<u64, String>,
     inbox: PeerInbox,
     faults: Arc<LinkFaults>,
+    tls: Option<&NodeTlsMaterial>,
     shutdown: &CancellationToken,
     tasks: &mut JoinSet<()>,
 ) -> io::Result<(TcpTransport, SocketAddr)> {
@@ -122,6 +135,7 @@ pub(crate) async fn start(
             known,
             inbox,
             Arc::clone(&faults),
+            tls.map(|t| t.peer_acceptor.clone()),
             shutdown.clone(),
         )
         .instrument(info_span!("peer_listener", node_id = id)),
@@ -137,6 +151,7 @@ pub(crate) async fn start(
                 addr.clone(),
                 rx,
                 connected.clone(),
+                tls.map(|t| t.peer_connector.clone()),
                 shutdown.clone(),
             )
             .instrument(info_span!("peer_writer", node_id = id, peer_id = peer)),
@@ -152,8 +167,13 @@ pub(crate) async fn start(
     Ok((TcpTransport { links, faults }, local))
 }
 
+/// The receiving half of a dialed peer connection, plaintext or TLS (only read to learn
+/// that the peer closed it).
+type PeerRead = Box<dyn AsyncRead + Send + Unpin>;
+/// The sending half of a dialed peer connection, plaintext or TLS.
+type PeerWrite = Box<dyn AsyncWrite + Send + Unpin>;
 /// The sending half of a peer connection: frames out, each behind its length.
-type FrameWriter = FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>;
+type FrameWriter = FramedWrite<PeerWrite, LengthDelimitedCodec>;
 
 /// The peer links' framing: a u32 big-endian length before each frame of at most `max`
 /// bytes. A longer frame ends the connection: read, from its length alone (`InvalidData`);
@@ -175,7 +195,12 @@ async fn backoff_sleep(ms: u64, shutdown: &CancellationToken) -> bool {
     }
 }
 
-async fn connect(addr: &str, id: u64, peer: u64) -> io::Result<(OwnedReadHalf, FrameWriter)> {
+async fn connect(
+    addr: &str,
+    id: u64,
+    peer: u64,
+    tls: Option<&TlsConnector>,
+) -> io::Result<(PeerRead, FrameWriter)> {
     let stream = tokio::time::timeout(
         Duration::from_millis(PEER_CONNECT_TIMEOUT_MS),
         TcpStream::connect(addr),
@@ -183,7 +208,24 @@ async fn connect(addr: &str, id: u64, peer: u64) -> io::Result<(OwnedReadHalf, F
     .await
     .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
     stream.set_nodelay(true)?;
-    let (r, w) = stream.into_split();
+    let (r, w): (PeerRead, PeerWrite) = match tls {
+        None => {
+            let (r, w) = stream.into_split();
+            (Box::new(r), Box::new(w))
+        }
+        Some(connector) => {
+            // The callee must prove it is `node-<peer>`: a certificate from the CA for
+            // another name (or another node at this address) fails here.
+            let stream = tokio::time::timeout(
+                Duration::from_millis(PEER_HANDSHAKE_TIMEOUT_MS),
+                connector.connect(peer_server_name(peer)?, stream),
+            )
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+            let (r, w) = tokio::io::split(stream);
+            (Box::new(r), Box::new(w))
+        }
+    };
     let mut w = FramedWrite::new(w, peer_codec(FRAME_BYTES_MAX));
     let hello = Hello {
         protocol: PROTOCOL_VERSION,
@@ -201,6 +243,7 @@ async fn run_writer(
     addr: String,
     mut rx: mpsc::Receiver<Outgoing>,
     connected: Arc<AtomicBool>,
+    tls: Option<TlsConnector>,
     shutdown: CancellationToken,
 ) {
     let mut backoff_ms = PEER_BACKOFF_MIN_MS;
@@ -211,7 +254,7 @@ async fn run_writer(
         while rx.try_recv().is_ok() {}
         let connecting = tokio::select! {
             () = shutdown.cancelled() => return,
-            c = connect(&addr, id, peer) => c,
+            c = connect(&addr, id, peer, tls.as_ref()) => c,
         };
         let (mut r, mut w) = match connecting {
             Ok(rw) => rw,
@@ -341,19 +384,17 @@ async fn write_batch(
     SinkExt::<Bytes>::flush(w).await
 }
 
-/// The live inbound connection of each peer; a newer one closes the older.
-type Current = Arc<Mutex<HashMap<u64, CancellationToken>>>;
-
 async fn run_listener(
     listener: TcpListener,
     id: u64,
     known: Vec<u64>,
     inbox: PeerInbox,
     faults: Arc<LinkFaults>,
+    tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
 ) {
     let permits = Arc::new(Semaphore::new(PEER_CONNECTIONS_MAX));
-    let current: Current = Arc::default();
+    let current = Registry::default();
     let mut readers = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -382,13 +423,47 @@ async fn run_listener(
             faults: Arc::clone(&faults),
             shutdown: shutdown.clone(),
             current: current.clone(),
+            tls: tls.is_some(),
         };
+        let tls = tls.clone();
         readers.spawn(
             async move {
                 // This side never writes, so a failure to set no-delay changes nothing.
                 let _ = stream.set_nodelay(true);
-                if let Err(err) = read_frames(stream, &ctx).await {
-                    info!(%remote, cause = %err, "peer connection closed");
+                registry::keep_alive(&stream);
+                let ended = match tls {
+                    None => read_frames(stream, &ctx, None).await,
+                    Some(acceptor) => match tokio::time::timeout(
+                        Duration::from_millis(PEER_HANDSHAKE_TIMEOUT_MS),
+                        acceptor.accept(stream),
+                    )
+                    .await
+                    {
+                        Ok(Ok(stream)) => {
+                            let cert = stream
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .map(|c| c.clone().into_owned());
+                            read_frames(stream, &ctx, cert).await
+                        }
+                        Ok(Err(err)) => Err(io::Error::new(
+                            io::ErrorKind::PermissionDenied,
+                            format!("TLS handshake refused: {err}"),
+                        )),
+                        Err(_) => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "no TLS handshake in time",
+                        )),
+                    },
+                };
+                match ended {
+                    Err(err) if err.kind() == io::ErrorKind::PermissionDenied => {
+                        warn!(%remote, cause = %err, "peer connection refused");
+                    }
+                    Err(err) => info!(%remote, cause = %err, "peer connection closed"),
+                    Ok(()) => {}
                 }
                 drop(permit);
             }
@@ -404,14 +479,22 @@ struct ReaderCtx {
     inbox: PeerInbox,
     faults: Arc<LinkFaults>,
     shutdown: CancellationToken,
-    current: Current,
+    current: Registry,
+    /// Whether connections are mutual TLS: then the hello's id must be the certificate's.
+    tls: bool,
 }
 
 /// Reads one inbound connection: the handshake (at most [`HELLO_BYTES_MAX`] bytes, within
 /// [`PEER_HANDSHAKE_TIMEOUT_MS`]), then checked raft messages into the inbox until the
 /// connection closes, a newer one from the same peer replaces it, or a frame is refused.
 /// A clean close between frames is `Ok`; a frame cut short by the close is an error.
-async fn read_frames<R: AsyncRead + Unpin>(stream: R, ctx: &ReaderCtx) -> io::Result<()> {
+/// With TLS, `cert` is the certificate the peer presented: it must name the id the hello
+/// claims, or the connection is refused (`PermissionDenied`) before any frame is read.
+async fn read_frames<R: AsyncRead + Unpin>(
+    stream: R,
+    ctx: &ReaderCtx,
+    cert: Option<CertificateDer<'static>>,
+) -> io::Result<()> {
     let mut frames = FramedRead::new(stream, peer_codec(HELLO_BYTES_MAX));
     let first = tokio::time::timeout(
         Duration::from_millis(PEER_HANDSHAKE_TIMEOUT_MS),
@@ -445,15 +528,20 @@ async fn read_frames<R: AsyncRead + Unpin>(stream: R, ctx: &ReaderCtx) -> io::Re
             format!("handshake for node {} arrived at node {}", hello.to, ctx.id),
         ));
     }
-    let mine = CancellationToken::new();
-    if let Some(older) = ctx
-        .current
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(peer, mine.clone())
-    {
-        older.cancel();
+    if ctx.tls {
+        check_peer_certificate(cert.as_ref(), peer).map_err(|reason| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("refused handshake claiming node {peer}: {reason}"),
+            )
+        })?;
     }
+    let registration = ctx
+        .current
+        .register(peer, ctx.tls)
+        .await
+        .map_err(|reason| io::Error::new(io::ErrorKind::PermissionDenied, reason))?;
+    let mine = registration.cancelled();
     debug!(peer_id = peer, "peer connected");
     // The handshake is done: from now on frames may be as large as raft's.
     frames.decoder_mut().set_max_frame_length(FRAME_BYTES_MAX);
@@ -489,111 +577,4 @@ async fn read_frames<R: AsyncRead + Unpin>(stream: R, ctx: &ReaderCtx) -> io::Re
 }
 
 #[cfg(test)]
-mod tests {
-    use raft::eraftpb::MessageType;
-    use tokio::io::AsyncWriteExt as _;
-
-    use super::*;
-    use crate::node::Msg;
-
-    /// `body` behind its u32 big-endian length, as a peer writes it.
-    fn frame(body: &[u8]) -> Vec<u8> {
-        let mut out = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
-        out.extend_from_slice(body);
-        out
-    }
-
-    fn hello() -> Vec<u8> {
-        let hello = Hello {
-            protocol: PROTOCOL_VERSION,
-            from: 2,
-            to: 1,
-        };
-        frame(&hello.encode_to_vec())
-    }
-
-    fn heartbeat() -> Vec<u8> {
-        let mut msg = Message::default();
-        msg.set_msg_type(MessageType::MsgHeartbeat);
-        msg.from = 2;
-        msg.to = 1;
-        msg.term = 3;
-        let frame_body = PeerFrame {
-            from: 2,
-            to: 1,
-            payload: encode_raft(&msg).unwrap(),
-        };
-        frame(&frame_body.encode_to_vec())
-    }
-
-    /// Reads `bytes` as node 1's inbound connection from node 2, then the peer closes.
-    /// Returns how the reader ended and the terms of the messages it delivered.
-    async fn read(bytes: &[u8]) -> (io::Result<()>, Vec<u64>) {
-        let (tx, mut rx) = mpsc::channel(16);
-        let ctx = ReaderCtx {
-            id: 1,
-            known: vec![1, 2],
-            inbox: PeerInbox::new(tx),
-            faults: Arc::new(LinkFaults::new(false, 1, [1, 2])),
-            shutdown: CancellationToken::new(),
-            current: Arc::default(),
-        };
-        let (mut peer, stream) = tokio::io::duplex(64 * 1024);
-        peer.write_all(bytes).await.unwrap();
-        drop(peer);
-        let ended = read_frames(stream, &ctx).await;
-        let mut terms = Vec::new();
-        while let Ok(Msg::Raft(msg)) = rx.try_recv() {
-            terms.push(msg.term);
-        }
-        (ended, terms)
-    }
-
-    /// Goal: a handshake and a well-formed frame are read and delivered, and a clean close
-    /// between frames ends the connection without an error.
-    /// Method: write both into an in-memory stream and close it.
-    #[tokio::test]
-    async fn frames_after_the_handshake_are_delivered() {
-        let (ended, terms) = read(&[hello(), heartbeat()].concat()).await;
-        ended.unwrap();
-        assert_eq!(terms, [3]);
-    }
-
-    /// Goal: a frame over the limit is refused from its length alone, before its body is
-    /// read or buffered: the handshake over its own small limit, a data frame over
-    /// `FRAME_BYTES_MAX`.
-    /// Method: announce one byte more than each limit and send no body.
-    #[tokio::test]
-    async fn oversized_frames_are_refused() {
-        let too_long = |max: usize| u32::try_from(max + 1).unwrap().to_be_bytes().to_vec();
-        let (ended, terms) = read(&too_long(HELLO_BYTES_MAX)).await;
-        assert_eq!(ended.unwrap_err().kind(), io::ErrorKind::InvalidData);
-        assert!(terms.is_empty());
-        let (ended, terms) = read(&[hello(), too_long(FRAME_BYTES_MAX)].concat()).await;
-        assert_eq!(ended.unwrap_err().kind(), io::ErrorKind::InvalidData);
-        assert!(terms.is_empty());
-    }
-
-    /// Goal: a frame cut short by the connection closing is an error, and its partial
-    /// message is not delivered.
-    /// Method: send the handshake and a data frame without its last byte, then close.
-    #[tokio::test]
-    async fn truncated_frame_is_an_error() {
-        let mut bytes = [hello(), heartbeat()].concat();
-        bytes.pop();
-        let (ended, terms) = read(&bytes).await;
-        assert!(ended.is_err(), "a truncated frame must not end cleanly");
-        assert!(terms.is_empty());
-    }
-
-    /// Goal: the writer refuses a frame over its limit instead of sending it.
-    /// Method: send one byte more than the codec's limit.
-    #[tokio::test]
-    async fn writer_refuses_an_oversized_frame() {
-        let (stream, _peer) = tokio::io::duplex(1024);
-        let mut w = FramedWrite::new(stream, peer_codec(16));
-        w.send(Bytes::from(vec![0u8; 16])).await.unwrap();
-        let err = w.send(Bytes::from(vec![0u8; 17])).await.unwrap_err();
-        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
-    }
-}
+mod tests;

@@ -1,0 +1,420 @@
+//! Mutual TLS on the peer links and the node API, with in-process nodes on loopback and
+//! a throwaway CA (rcgen): who can speak to a peer port, who can claim which id, and who
+//! can call the API.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use palisade_client::{ClientTls, NodeApi};
+use palisade_election::{Node, NodeConfig, NodeHandle, NodeTls, StartError};
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+/// Longest wait for an established leader: many election timeouts of 50 ms ticks.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Longest wait for a node to close a connection it refuses.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A forged term far ahead of any real one.
+const FORGED_TERM: u64 = 1_000;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A CA under `dir` (`ca.pem`) and, for each name, `NAME.pem` and `NAME.key` with the
+/// subject alternative names `NAME` and 127.0.0.1.
+fn issue(dir: &Path, names: &[&str]) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = params.self_signed(&ca_key).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    for name in names {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params =
+            rcgen::CertificateParams::new(vec![(*name).to_owned(), "127.0.0.1".to_owned()])
+                .unwrap();
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+}
+
+fn node_tls(pki: &Path, name: &str) -> NodeTls {
+    NodeTls {
+        cert: pki.join(format!("{name}.pem")),
+        key: pki.join(format!("{name}.key")),
+        ca: pki.join("ca.pem"),
+    }
+}
+
+fn config(id: u64, peers: &std::collections::BTreeMap<u64, String>, dir: &Path) -> NodeConfig {
+    NodeConfig {
+        id,
+        peers: peers.clone(),
+        data_dir: dir.join(format!("node{id}")),
+        api: Some("127.0.0.1:0".parse().unwrap()),
+        tick_ms: 50,
+        tls: Some(node_tls(&dir.join("pki"), &format!("node-{id}"))),
+        ..NodeConfig::default()
+    }
+}
+
+/// Three nodes with mutual TLS, and the directory holding their data and certificates
+/// (`pki/`: the CA, `node-1`..`node-3`, `client`).
+struct Cluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<NodeHandle>,
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        Self::start_of(3).await
+    }
+
+    /// Nodes 1 to 3 of a cluster of `voters` (3 or 4: node 4, when configured, is never
+    /// started, so its id is free to test with).
+    async fn start_of(voters: u64) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        std::fs::create_dir_all(&pki).unwrap();
+        issue(&pki, &["node-1", "node-2", "node-3", "node-4", "client"]);
+        let peers = (1..=voters)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let mut nodes = Vec::new();
+        for id in 1..=3 {
+            nodes.push(Node::start(config(id, &peers, dir.path())).await.unwrap());
+        }
+        Self { dir, nodes }
+    }
+
+    fn pki(&self) -> PathBuf {
+        self.dir.path().join("pki")
+    }
+
+    /// Waits for an established leader; its id.
+    async fn leader(&self) -> u64 {
+        let waits = self.nodes.iter().map(|n| {
+            let mut rx = n.leadership();
+            Box::pin(async move {
+                rx.wait_for(|l| l.token.is_some()).await.unwrap();
+                n.id()
+            })
+        });
+        tokio::time::timeout(SETTLE_TIMEOUT, futures_util::future::select_all(waits))
+            .await
+            .expect("a leader was established within the deadline")
+            .0
+    }
+
+    fn terms(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .map(|n| n.leadership().borrow().term)
+            .collect()
+    }
+
+    async fn shutdown(self) {
+        for node in self.nodes {
+            node.shutdown().await.unwrap();
+        }
+    }
+}
+
+/// `body` behind its u32 big-endian length, as a peer writes it.
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut out = u32::try_from(body.len()).unwrap().to_be_bytes().to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+/// A protobuf varint.
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A hello frame (protocol 1) and a heartbeat frame with `term`, from `from` to `to`.
+fn hello_and_heartbeat(from: u64, to: u64, term: u64) -> Vec<u8> {
+    let mut hello = vec![0x08, 1, 0x10];
+    varint(from, &mut hello);
+    hello.push(0x18);
+    varint(to, &mut hello);
+    let mut msg = Message::default();
+    msg.set_msg_type(MessageType::MsgHeartbeat);
+    msg.from = from;
+    msg.to = to;
+    msg.term = term;
+    let payload = msg.write_to_bytes().unwrap();
+    let mut body = vec![0x08];
+    varint(from, &mut body);
+    body.push(0x10);
+    varint(to, &mut body);
+    body.push(0x1a);
+    varint(payload.len() as u64, &mut body);
+    body.extend_from_slice(&payload);
+    [frame(&hello), frame(&body)].concat()
+}
+
+/// Writes `bytes`, then waits for the node to close the connection. True when it did
+/// within [`REFUSAL_TIMEOUT`] (an end of stream or an error both count). Beware: a
+/// connection that stays open makes this wait the whole timeout.
+async fn closed_after<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, bytes: &[u8]) -> bool {
+    let _ = stream.write_all(bytes).await;
+    let _ = stream.flush().await;
+    // A node never writes to a peer connection except TLS alerts: read to the end.
+    let mut rest = Vec::new();
+    tokio::time::timeout(REFUSAL_TIMEOUT, stream.read_to_end(&mut rest))
+        .await
+        .is_ok()
+}
+
+/// A TLS client configuration trusting the cluster CA, presenting `identity` if given.
+fn client_config(pki: &Path, identity: Option<&str>) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(pki.join("ca.pem")).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(palisade_protocol::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match identity {
+        Some(name) => {
+            let chain = CertificateDer::pem_file_iter(pki.join(format!("{name}.pem")))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(pki.join(format!("{name}.key"))).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Arc::new(config)
+}
+
+/// Goal: three nodes with mutual TLS on every peer link elect an established leader.
+/// Method: a CA and `node-<id>` certificates; start three nodes; wait with a deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_with_mutual_tls_elect_a_leader() {
+    let cluster = Cluster::start().await;
+    let leader = cluster.leader().await;
+    assert!((1..=3).contains(&leader));
+    cluster.shutdown().await;
+}
+
+/// Goal: a raw TCP client without a certificate cannot speak to a peer port: a plaintext
+/// hello with a forged high-term heartbeat is refused, a TLS client without a certificate
+/// fails its handshake, and the cluster is unaffected (same term, still led).
+/// Method: after a leader is established, send both to every node's peer port; wait for
+/// each connection to be closed; compare the terms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_a_certificate_cannot_speak_to_a_peer_port() {
+    let cluster = Cluster::start().await;
+    cluster.leader().await;
+    let before = cluster.terms();
+    let connector = TlsConnector::from(client_config(&cluster.pki(), None));
+    for node in &cluster.nodes {
+        let addr = node.peer_addr().unwrap();
+        let plain = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let forged = hello_and_heartbeat(99, node.id(), FORGED_TERM);
+        assert!(
+            closed_after(plain, &forged).await,
+            "plaintext to node {}",
+            node.id()
+        );
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from(format!("node-{}", node.id())).unwrap();
+        // TLS 1.3: the client may finish its side before the server refuses the missing
+        // certificate; then the refusal shows as the connection closing.
+        if let Ok(tls) = connector.connect(name, tcp).await {
+            let other = if node.id() == 1 { 2 } else { 1 };
+            let forged = hello_and_heartbeat(other, node.id(), FORGED_TERM);
+            assert!(
+                closed_after(tls, &forged).await,
+                "certless TLS to node {}",
+                node.id()
+            );
+        }
+    }
+    assert_eq!(cluster.terms(), before, "no forged term got through");
+    assert!(cluster.terms().iter().all(|&t| t < FORGED_TERM));
+    cluster.leader().await;
+    cluster.shutdown().await;
+}
+
+/// Goal: a peer holding a valid certificate for `node-2` cannot claim to be node 1: the
+/// connection is refused before any message is delivered.
+/// Method: dial node 3's peer port with node 2's certificate, say hello as node 1 and
+/// send a forged high-term heartbeat; wait for the close; the terms are unchanged. As a
+/// control, node 4's certificate (node 4 is configured but not running) saying hello as
+/// node 4 is kept open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_for_node_2_cannot_claim_node_1() {
+    let cluster = Cluster::start_of(4).await;
+    cluster.leader().await;
+    let before = cluster.terms();
+    let connector = TlsConnector::from(client_config(&cluster.pki(), Some("node-2")));
+    let target = &cluster.nodes[2];
+    let tcp = tokio::net::TcpStream::connect(target.peer_addr().unwrap())
+        .await
+        .unwrap();
+    let tls = connector
+        .connect(ServerName::try_from("node-3").unwrap(), tcp)
+        .await
+        .expect("node 2's certificate is valid under the CA");
+    let forged = hello_and_heartbeat(1, 3, FORGED_TERM);
+    assert!(
+        closed_after(tls, &forged).await,
+        "the impostor's connection was closed"
+    );
+    assert_eq!(cluster.terms(), before);
+    // Control: a certificate saying hello as the node it names is accepted (kept open),
+    // so the refusal above came from the name check.
+    let connector = TlsConnector::from(client_config(&cluster.pki(), Some("node-4")));
+    let tcp = tokio::net::TcpStream::connect(target.peer_addr().unwrap())
+        .await
+        .unwrap();
+    let mut tls = connector
+        .connect(ServerName::try_from("node-3").unwrap(), tcp)
+        .await
+        .unwrap();
+    let hello = &hello_and_heartbeat(4, 3, 0)[..10];
+    tls.write_all(hello).await.unwrap();
+    tls.flush().await.unwrap();
+    let mut rest = Vec::new();
+    let held = tokio::time::timeout(Duration::from_secs(1), tls.read_to_end(&mut rest)).await;
+    assert!(
+        held.is_err(),
+        "node 4's own hello must be accepted: {held:?}"
+    );
+    cluster.leader().await;
+    cluster.shutdown().await;
+}
+
+/// Goal: with TLS on, the node API refuses a call without a client certificate and
+/// serves one with a certificate from the CA (whatever its name).
+/// Method: the Rust client's `NodeApi` over HTTPS, trusting the CA, without and with the
+/// `client` identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_api_needs_a_client_certificate() {
+    let cluster = Cluster::start().await;
+    let pki = cluster.pki();
+    let url = format!("https://{}", cluster.nodes[0].api_addr().unwrap());
+    let trust = ClientTls::new().trust_pem_file(pki.join("ca.pem")).unwrap();
+    let anonymous = NodeApi::with_tls(&url, &trust).unwrap();
+    let refused = anonymous.leader().await;
+    assert!(
+        refused.is_err(),
+        "served without a client certificate: {refused:?}"
+    );
+    let identified = trust
+        .identity_pem_files(pki.join("client.pem"), pki.join("client.key"))
+        .unwrap();
+    let view = NodeApi::with_tls(&url, &identified)
+        .unwrap()
+        .leader()
+        .await
+        .unwrap();
+    assert_eq!(view.node_id, 1);
+    let plain = NodeApi::new(&format!("http://{}", cluster.nodes[0].api_addr().unwrap()))
+        .unwrap()
+        .leader()
+        .await;
+    assert!(plain.is_err(), "served over plaintext: {plain:?}");
+    cluster.shutdown().await;
+}
+
+/// Goal: a node whose certificate does not name `node-<id>` does not start: a
+/// configuration error naming the certificate, not a cluster whose peers refuse it.
+/// Method: start node 1 with node 2's certificate.
+#[tokio::test]
+async fn a_certificate_for_another_node_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    issue(&pki, &["node-2"]);
+    let peers = [(1, format!("127.0.0.1:{}", free_port()))]
+        .into_iter()
+        .collect();
+    let mut config = config(1, &peers, dir.path());
+    config.tls = Some(node_tls(&pki, "node-2"));
+    let err = Node::start(config).await.unwrap_err();
+    match err {
+        StartError::Config(c) => {
+            assert_eq!(c.field, "cert", "{c}");
+            assert!(c.message.contains("node-1"), "{c}");
+        }
+        other => panic!("expected a config error, got {other}"),
+    }
+}
+
+/// Goal: in plaintext mode, a hello naming a peer whose connection is live does not
+/// replace that connection (nothing the forger sends is delivered), while a real peer
+/// that restarts still reconnects.
+/// Method: a plaintext cluster on loopback; dial a follower's peer port, say hello as a
+/// live peer and send a forged high-term heartbeat: the connection is closed and the
+/// terms are unchanged. Then restart another follower and transfer the leadership to it,
+/// which needs its messages to reach the leader over a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_hello_cannot_replace_a_live_peer_but_a_restarted_peer_rejoins() {
+    let dir = tempfile::tempdir().unwrap();
+    let peers: std::collections::BTreeMap<u64, String> = (1..=3)
+        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+        .collect();
+    let plain = |id| NodeConfig {
+        tls: None,
+        ..config(id, &peers, dir.path())
+    };
+    let mut cluster = Cluster {
+        dir: tempfile::tempdir().unwrap(),
+        nodes: Vec::new(),
+    };
+    for id in 1..=3 {
+        cluster.nodes.push(Node::start(plain(id)).await.unwrap());
+    }
+    let leader = cluster.leader().await;
+    let before = cluster.terms();
+    let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    let (target, restarted) = (followers[0], followers[1]);
+    let addr = cluster.nodes[target as usize - 1].peer_addr().unwrap();
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let forged = hello_and_heartbeat(leader, target, FORGED_TERM);
+    assert!(
+        closed_after(stream, &forged).await,
+        "the forger was refused"
+    );
+    assert_eq!(cluster.terms(), before, "no forged term got through");
+
+    let old = cluster.nodes.remove(restarted as usize - 1);
+    old.shutdown().await.unwrap();
+    let node = Node::start(plain(restarted)).await.unwrap();
+    cluster.nodes.insert(restarted as usize - 1, node);
+    let leader_handle = &cluster.nodes[leader as usize - 1];
+    let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+    loop {
+        match leader_handle.transfer(restarted).await {
+            Ok(_) => break,
+            Err(err) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "the restarted node never took over: {err}"
+            ),
+        }
+    }
+    cluster.shutdown().await;
+}
