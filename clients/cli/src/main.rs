@@ -2,8 +2,10 @@
 //! Each subcommand parses its flags and calls into a library; nothing else lives here.
 
 mod bench;
+mod certs;
 mod client_cmds;
 mod demo;
+mod keys;
 mod node;
 mod proxy;
 
@@ -62,6 +64,11 @@ enum Command {
     Fence(client_cmds::FenceArgs),
     /// Read or watch a node's leadership.
     Leader(client_cmds::LeaderArgs),
+    /// Token signing keys: `keys generate --out DIR` writes token.key and token.pub.
+    Keys(keys::KeysArgs),
+    /// Certificates: `certs generate --out DIR --names a,b` writes a CA and one
+    /// certificate per name.
+    Certs(certs::CertsArgs),
 }
 
 /// How a subcommand failed; decides the exit code.
@@ -129,6 +136,8 @@ fn main() -> ExitCode {
             Command::Delete(args) => client_cmds::delete(args).await,
             Command::Fence(args) => client_cmds::fence(args).await,
             Command::Leader(args) => client_cmds::leader(args).await,
+            Command::Keys(args) => keys::run(args),
+            Command::Certs(args) => certs::run(args),
         }
     });
     match result {
@@ -154,7 +163,9 @@ impl Command {
             | Self::Get(_)
             | Self::Delete(_)
             | Self::Fence(_)
-            | Self::Leader(_) => "error",
+            | Self::Leader(_)
+            | Self::Keys(_)
+            | Self::Certs(_) => "error",
         }
     }
 }

@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use palisade_protocol::process::ProxyReady;
 
+#[path = "cli/trust_tools.rs"]
+mod trust_tools;
+
 /// Longest the proxy may take to print its listening line.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 

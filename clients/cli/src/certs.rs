@@ -1,0 +1,284 @@
+//! `palisade certs generate`: a cluster CA and one certificate per name, signed by it,
+//! so that a secure cluster needs no openssl.
+//!
+//! Writes `ca.pem`, `ca.key` (0600) and, for each name, `NAME.pem` and `NAME.key` (0600).
+//! Every leaf names `NAME` as a DNS subject alternative name (a node's must be
+//! `node-<id>`: peers check it), plus every `--hosts` entry (IP addresses as IP SANs), and
+//! is usable both as a server and as a client certificate (serverAuth and clientAuth), so
+//! the same file serves a node's peer links in both directions and its HTTPS API.
+//! Keys are ECDSA P-256, which every rustls provider verifies.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Subcommand};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+use crate::Failure;
+use crate::keys::{PUBLIC_MODE, SECRET_MODE, prepare_dir, refuse_existing, write_file};
+
+/// Longest certificate name, in characters (a DNS label is at most 63; names may have
+/// dots, and 64 is plenty for `node-<id>`, `proxy`, `client`).
+pub(crate) const NAME_CHARS_MAX: usize = 64;
+/// Most names in one run: a cluster's nodes, proxies and clients, with room to spare.
+pub(crate) const NAMES_MAX: usize = 256;
+/// Years the CA is valid, from the start of the current year.
+const CA_VALIDITY_YEARS: i32 = 10;
+/// Years each leaf is valid, from the start of the current year.
+const LEAF_VALIDITY_YEARS: i32 = 5;
+/// The CA's common name.
+const CA_COMMON_NAME: &str = "palisade cluster CA";
+
+/// `palisade certs`.
+#[derive(Args)]
+pub(crate) struct CertsArgs {
+    #[command(subcommand)]
+    command: CertsCommand,
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Write a CA (ca.pem, ca.key) and, per name, NAME.pem and NAME.key signed by it.
+    Generate(GenerateArgs),
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// Directory to write into (created if missing).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Certificate names, comma-separated: node-<id> for each node, and e.g. proxy,
+    /// client. Each is 1 to 64 characters of A-Z a-z 0-9 . -
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',', required = true)]
+    names: Vec<String>,
+    /// Host names and IP addresses added to every certificate, comma-separated.
+    #[arg(long, value_name = "HOST,...", value_delimiter = ',')]
+    hosts: Vec<String>,
+    /// Overwrite files that exist.
+    #[arg(long)]
+    force: bool,
+}
+
+/// `palisade certs ...`.
+pub(crate) fn run(args: CertsArgs) -> Result<(), Failure> {
+    match args.command {
+        CertsCommand::Generate(args) => {
+            let written = generate_certs(&args.out, &args.names, &args.hosts, args.force)?;
+            for path in written {
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Checks a certificate name (or a `--hosts` host name): 1 to [`NAME_CHARS_MAX`]
+/// characters of `A-Z a-z 0-9 . -`.
+pub(crate) fn check_name(flag: &str, name: &str) -> Result<(), Failure> {
+    if name.is_empty() || name.len() > NAME_CHARS_MAX {
+        return Err(Failure::Usage(format!(
+            "{flag}: {name:?} is {} characters; a name has 1 to {NAME_CHARS_MAX}",
+            name.len()
+        )));
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '.' || *c == '-'))
+    {
+        return Err(Failure::Usage(format!(
+            "{flag}: {name:?} contains {bad:?}; a name has only A-Z a-z 0-9 . -"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks the names and hosts, then writes the CA and a certificate per name into `dir`;
+/// returns the paths written. Refuses (usage) to overwrite anything unless `force`.
+pub(crate) fn generate_certs(
+    dir: &Path,
+    names: &[String],
+    hosts: &[String],
+    force: bool,
+) -> Result<Vec<PathBuf>, Failure> {
+    if names.is_empty() {
+        return Err(Failure::Usage("--names: give at least one name".to_owned()));
+    }
+    if names.len() > NAMES_MAX {
+        return Err(Failure::Usage(format!(
+            "--names: {} names, over the limit of {NAMES_MAX}",
+            names.len()
+        )));
+    }
+    for name in names {
+        check_name("--names", name)?;
+        if matches!(name.as_str(), "ca") {
+            return Err(Failure::Usage(
+                "--names: \"ca\" is the CA's own file name; choose another".to_owned(),
+            ));
+        }
+    }
+    if let Some(dup) = names
+        .iter()
+        .enumerate()
+        .find(|(i, n)| names[..*i].contains(n))
+    {
+        return Err(Failure::Usage(format!(
+            "--names: {:?} is given twice",
+            dup.1
+        )));
+    }
+    if hosts.len() > NAMES_MAX {
+        return Err(Failure::Usage(format!(
+            "--hosts: {} hosts, over the limit of {NAMES_MAX}",
+            hosts.len()
+        )));
+    }
+    for host in hosts {
+        // An IP address (v6 included, with its colons) is taken as such; anything else
+        // must be a host name.
+        if host.parse::<std::net::IpAddr>().is_err() {
+            check_name("--hosts", host)?;
+        }
+    }
+    prepare_dir(dir)?;
+    let mut paths = vec![dir.join("ca.pem"), dir.join("ca.key")];
+    for name in names {
+        paths.push(dir.join(format!("{name}.pem")));
+        paths.push(dir.join(format!("{name}.key")));
+    }
+    let refs: Vec<&Path> = paths.iter().map(PathBuf::as_path).collect();
+    refuse_existing(&refs, force)?;
+
+    let year = current_year();
+    let (ca, ca_key) = make_ca(year)?;
+    write_file(&paths[0], ca.pem().as_bytes(), PUBLIC_MODE, force)?;
+    write_file(
+        &paths[1],
+        ca_key.serialize_pem().as_bytes(),
+        SECRET_MODE,
+        force,
+    )?;
+    for (i, name) in names.iter().enumerate() {
+        let (leaf, key) = make_leaf(name, hosts, year, &ca, &ca_key)?;
+        write_file(&paths[2 + 2 * i], leaf.pem().as_bytes(), PUBLIC_MODE, force)?;
+        write_file(
+            &paths[3 + 2 * i],
+            key.serialize_pem().as_bytes(),
+            SECRET_MODE,
+            force,
+        )?;
+    }
+    Ok(paths)
+}
+
+fn rcgen_failure(what: &str, e: &rcgen::Error) -> Failure {
+    Failure::Runtime(format!("cannot make the {what}: {e}"))
+}
+
+fn make_ca(year: i32) -> Result<(rcgen::Certificate, KeyPair), Failure> {
+    let key = KeyPair::generate().map_err(|e| rcgen_failure("CA key", &e))?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, CA_COMMON_NAME);
+    // The CA signs leaves only, never another CA.
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.not_before = rcgen::date_time_ymd(year, 1, 1);
+    params.not_after = rcgen::date_time_ymd(year + CA_VALIDITY_YEARS, 1, 1);
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| rcgen_failure("CA certificate", &e))?;
+    Ok((cert, key))
+}
+
+fn make_leaf(
+    name: &str,
+    hosts: &[String],
+    year: i32,
+    ca: &rcgen::Certificate,
+    ca_key: &KeyPair,
+) -> Result<(rcgen::Certificate, KeyPair), Failure> {
+    let what = format!("certificate of {name}");
+    let key = KeyPair::generate().map_err(|e| rcgen_failure(&what, &e))?;
+    let mut sans = vec![name.to_owned()];
+    sans.extend(hosts.iter().filter(|h| h.as_str() != name).cloned());
+    // `new` makes an IP SAN of every entry that parses as an IP address, a DNS SAN of
+    // the rest.
+    let mut params = CertificateParams::new(sans).map_err(|e| rcgen_failure(&what, &e))?;
+    params.distinguished_name = DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, name);
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    params.not_before = rcgen::date_time_ymd(year, 1, 1);
+    params.not_after = rcgen::date_time_ymd(year + LEAF_VALIDITY_YEARS, 1, 1);
+    let cert = params
+        .signed_by(&key, ca, ca_key)
+        .map_err(|e| rcgen_failure(&what, &e))?;
+    Ok((cert, key))
+}
+
+/// The current calendar year (UTC), from the system clock.
+fn current_year() -> i32 {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    year_of_days(i64::try_from(secs / 86_400).unwrap_or(0))
+}
+
+/// The year of the day `days` after 1970-01-01 (proleptic Gregorian calendar).
+fn year_of_days(days: i64) -> i32 {
+    // Shift to 0000-03-01 so that leap days end each 400-year era.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let year = yoe + era * 400 + i64::from(mp >= 10);
+    i32::try_from(year).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: the year arithmetic is right at the boundaries that matter (epoch, a leap
+    /// day, the last and first day of a year). Method: known day numbers.
+    #[test]
+    fn years_of_days() {
+        assert_eq!(year_of_days(0), 1970);
+        assert_eq!(year_of_days(364), 1970);
+        assert_eq!(year_of_days(365), 1971);
+        assert_eq!(year_of_days(11_016), 2000, "2000-02-29");
+        assert_eq!(year_of_days(20_453), 2025, "2025-12-31");
+        assert_eq!(year_of_days(20_454), 2026, "2026-01-01");
+    }
+
+    /// Goal: names are checked with errors that say why. Method: good, empty, long,
+    /// odd characters.
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("--names", "node-1").is_ok());
+        assert!(check_name("--names", "a.b-C9").is_ok());
+        for bad in ["", "node_1", "a b", "nöde", "x/y", &"a".repeat(65)] {
+            let Err(Failure::Usage(msg)) = check_name("--names", bad) else {
+                panic!("{bad:?} accepted");
+            };
+            assert!(msg.starts_with("--names"), "{msg}");
+        }
+    }
+}
