@@ -37,7 +37,9 @@ impl NodeHandleSource {
 
     fn view(&self, node: &NodeLeadership) -> Leadership {
         let leadership = match node.token {
-            Some(token) => Leadership::leader(token, node.term, node.leader_id),
+            // The proof travels with its token, for a proxy that checks proofs.
+            Some(token) => Leadership::leader(token, node.term, node.leader_id)
+                .with_proof(node.proof.map(|proof| proof.encode())),
             // A leader that is not established yet leads but cannot write.
             None if node.role == Role::Leader => {
                 Leadership::establishing(node.term, node.leader_id)

@@ -6,9 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use palisade_protocol::admin::{FENCES_PATH, HEALTHZ_PATH, fence_path};
+use palisade_protocol::admin::{
+    FENCES_PATH, HEALTHZ_PATH, RESET_REASON_BYTES_MAX, ResetRequest, ResetResponse, fence_path,
+    reset_path,
+};
 use palisade_protocol::headers::JSON;
 use palisade_protocol::{AdvanceRequest, AdvanceResponse, FenceList, FenceView, Health};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::client::{fenced_error, scope_of};
@@ -116,25 +120,66 @@ impl ProxyAdmin {
         proof: Option<&str>,
     ) -> Result<AdvanceResponse, ClientError> {
         let scope = scope_of(scope)?;
-        let url = self.base.join(&fence_path(&scope))?;
-        let request = self
-            .request(Method::POST, url)
-            .header(http::header::ACCEPT, JSON)
-            .json(&AdvanceRequest {
-                token,
-                proof: proof.map(str::to_owned),
-            });
         let answer = self
-            .transport
-            .exchange(request, self.timeout)
-            .await
-            .map_err(|f| f.into_error(self.base.as_str(), &Method::POST))?;
+            .post(
+                &fence_path(&scope),
+                &AdvanceRequest {
+                    token,
+                    proof: proof.map(str::to_owned),
+                },
+            )
+            .await?;
         if answer.status == http::StatusCode::CONFLICT
             && let Some(fenced) = fenced_error(&answer, token, scope.as_str())
         {
             return Err(fenced);
         }
         answer.json()
+    }
+
+    /// `POST /v1/fences/{scope}/reset`: sets the fence to `token`, lower included, for
+    /// `reason` (logged by the proxy; 1 to `RESET_REASON_BYTES_MAX` bytes, checked here
+    /// before anything is sent). Needs the admin credential ([`with_bearer`](Self::with_bearer)).
+    #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
+    pub async fn reset(
+        &self,
+        scope: &str,
+        token: u64,
+        reason: &str,
+    ) -> Result<ResetResponse, ClientError> {
+        let scope = scope_of(scope)?;
+        if reason.trim().is_empty() || reason.len() > RESET_REASON_BYTES_MAX {
+            return Err(ClientError::InvalidRequest(format!(
+                "a reset reason is 1 to {RESET_REASON_BYTES_MAX} bytes of text, not blank; this one is {} bytes",
+                reason.len()
+            )));
+        }
+        self.post(
+            &reset_path(&scope),
+            &ResetRequest {
+                token,
+                reason: reason.to_owned(),
+            },
+        )
+        .await?
+        .json()
+    }
+
+    /// One POST of a JSON body; any answer is returned for the caller to read.
+    async fn post<B: Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<crate::transport::Answer, ClientError> {
+        let url = self.base.join(path)?;
+        let request = self
+            .request(Method::POST, url)
+            .header(http::header::ACCEPT, JSON)
+            .json(body);
+        self.transport
+            .exchange(request, self.timeout)
+            .await
+            .map_err(|f| f.into_error(self.base.as_str(), &Method::POST))
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {

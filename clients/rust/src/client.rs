@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Method, StatusCode};
-use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_CURRENT};
+use palisade_protocol::headers::{
+    FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_CURRENT, FENCING_TOKEN_PROOF,
+};
 use palisade_protocol::{DEFAULT_SCOPE, Scope, parse_token};
 
 use crate::backoff;
@@ -119,7 +121,8 @@ impl FencedClientBuilder {
 /// An HTTP client for one proxy and one scope that fences its writes.
 ///
 /// - Writes (PUT, POST, PATCH, DELETE) carry `Fencing-Token` from the [`TokenSource`],
-///   read before every attempt. When the source reports no established leadership the
+///   read before every attempt, and `Fencing-Token-Proof` whenever the source has the
+///   token's proof (a proxy run with `--token-pub` admits no token without one). When the source reports no established leadership the
 ///   write is refused with [`ClientError::NotLeader`] and nothing is sent.
 /// - A 409 from the proxy is [`ClientError::Fenced`] with the numbers, and the source is
 ///   marked "not leader": every later write fails locally with `NotLeader` until the
@@ -244,10 +247,10 @@ impl FencedClient {
         let mut last: Option<Outcome> = None;
         loop {
             attempt += 1;
-            let token = if fenced {
+            let (token, proof) = if fenced {
                 let leadership = self.source.current().await;
                 match leadership.write_token() {
-                    Some(token) => Some(token),
+                    Some(token) => (Some(token), leadership.write_proof().map(str::to_owned)),
                     // A retry whose earlier attempt may have been applied keeps that
                     // outcome: "not leader now" must not hide "maybe written before".
                     None => {
@@ -265,9 +268,10 @@ impl FencedClient {
                     }
                 }
             } else {
-                None
+                (None, None)
             };
-            let http_request = self.build_request(&request, url.clone(), token)?;
+            let http_request =
+                self.build_request(&request, url.clone(), token, proof.as_deref())?;
             // Failpoint (compiled in only with the `failpoints` feature): between reading
             // the token and sending the write, the window in which a GC pause makes a
             // leader stale. `return` fails the write unsent; tests also stop the whole
@@ -358,11 +362,23 @@ impl FencedClient {
         request: &FencedRequest,
         url: reqwest::Url,
         token: Option<u64>,
+        proof: Option<&str>,
     ) -> Result<reqwest::RequestBuilder, ClientError> {
         let mut headers = request.headers.clone();
+        // The token and its proof are the source's to set, together: a proof left over
+        // from the caller's headers could pair with another token.
         headers.remove(FENCING_TOKEN);
+        headers.remove(FENCING_TOKEN_PROOF);
         if let Some(token) = token {
             headers.insert(FENCING_TOKEN, HeaderValue::from(token));
+            if let Some(proof) = proof {
+                let value = HeaderValue::try_from(proof).map_err(|e| {
+                    ClientError::InvalidRequest(format!(
+                        "the token source's proof is not a header value: {e}"
+                    ))
+                })?;
+                headers.insert(FENCING_TOKEN_PROOF, value);
+            }
         }
         if let Some(scope) = &self.scope {
             let value = HeaderValue::try_from(scope.as_str())

@@ -14,7 +14,7 @@
 //! is [`ClientError::Tls`], never retried.
 //!
 //! ```text
-//! worker ──> FencedClient ──(Fencing-Token, Fencing-Scope)──> palisade proxy ──> storage
+//! worker ──> FencedClient ──(Fencing-Token[-Proof], Fencing-Scope)──> palisade proxy ──> storage
 //!               │   ▲                                             │
 //!               │   └── 409 Fenced{current} ──> mark "not leader" ┘
 //!               └── TokenSource: StaticToken | NodeApiSource ──(long poll)──> palisade node
@@ -101,7 +101,8 @@
 //!   health, test faults).
 //! - `request`: [`FencedRequest`] and [`FencedResponse`], and how methods are classified.
 //! - `client`: [`FencedClient`], the fenced HTTP client, and its builder.
-//! - `admin`: [`ProxyAdmin`], a client of the proxy's admin API (read or advance fences).
+//! - `admin`: [`ProxyAdmin`], a client of the proxy's admin API (read, advance or reset
+//!   fences; optional bearer token).
 //! - `error`: [`ClientError`].
 //! - `transport`: the shared reqwest transport: [`ClientTls`], base URLs, one exchange
 //!   with a deadline and a body limit.
@@ -113,7 +114,7 @@
 //!
 //! The wire types come from `palisade_protocol` and are re-exported here: [`LeaderView`],
 //! [`Role`], [`FenceView`], [`FenceList`], [`AdvanceResponse`], [`Transferred`],
-//! [`Health`], [`FaultSpec`], [`LongPoll`], [`Scope`], [`Problem`].
+//! [`Health`], [`FaultSpec`], [`LongPoll`], [`Scope`], [`Problem`], [`ResetResponse`].
 #![deny(missing_docs)]
 
 mod admin;
@@ -142,8 +143,8 @@ pub use node_source::{
     RECONNECT_BACKOFF_MAX_MS,
 };
 pub use palisade_protocol::{
-    AdvanceResponse, FaultSpec, FenceList, FenceView, Health, LeaderView, LongPoll, Problem, Role,
-    Scope, Transferred,
+    AdvanceResponse, FaultSpec, FenceList, FenceView, Health, LeaderView, LongPoll, Problem,
+    ResetResponse, Role, Scope, Transferred,
 };
 pub use request::{FencedRequest, FencedResponse, IDEMPOTENCY_KEY, is_write};
 pub use source::{BoxFuture, LEADER_POLL_MS, Leadership, StaticToken, TokenSource};

@@ -32,12 +32,15 @@ pub const LONG_POLL_SLACK_MS: u64 = 1_000;
 pub const TRANSFER_TIMEOUT_MS: u64 = 15_000;
 
 impl From<&LeaderView> for Leadership {
-    /// What a node's answer means for a client of this node: a token only on the
-    /// established leader; raft's "no leader" (0) as `None`.
+    /// What a node's answer means for a client of this node: a token (with its proof,
+    /// when the node signs tokens) only on the established leader; raft's "no leader"
+    /// (0) as `None`.
     fn from(view: &LeaderView) -> Self {
         let leader_id = view.leader_id.filter(|id| *id != 0);
         match (view.role, view.token) {
-            (Role::Leader, Some(token)) => Leadership::leader(token, view.term, leader_id),
+            (Role::Leader, Some(token)) => {
+                Leadership::leader(token, view.term, leader_id).with_proof(view.proof.as_deref())
+            }
             (Role::Leader, None) => Leadership::establishing(view.term, leader_id),
             _ => Leadership::not_leader(view.term, leader_id),
         }
@@ -247,5 +250,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(Leadership::from(&follower), Leadership::not_leader(8, None));
+    }
+
+    /// Goal: the leader view's proof reaches the client with the token, and a proof on a
+    /// view without a token (a node that should not send one) is not taken.
+    /// Method: map a signed leader's answer and a follower's answer carrying a proof.
+    #[test]
+    fn the_proof_of_a_leader_view_is_kept_with_its_token() {
+        let leader: LeaderView = serde_json::from_str(
+            r#"{"node_id":1,"scope":"default","term":7,"leader_id":1,"role":"leader","token":7,"announced":true,"proof":"c2ln"}"#,
+        )
+        .unwrap();
+        assert_eq!(Leadership::from(&leader).write_proof(), Some("c2ln"));
+        let follower: LeaderView = serde_json::from_str(
+            r#"{"node_id":2,"scope":"default","term":7,"leader_id":1,"role":"follower","token":null,"announced":false,"proof":"c2ln"}"#,
+        )
+        .unwrap();
+        assert_eq!(Leadership::from(&follower).proof, None);
     }
 }

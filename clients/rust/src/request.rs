@@ -61,7 +61,8 @@ impl FencedRequest {
     }
 
     /// Appends a header. An invalid name or value is reported when the request is sent.
-    /// `Fencing-Token` is the client's to set and is replaced.
+    /// `Fencing-Token` and `Fencing-Token-Proof` are the client's to set (from its token
+    /// source) and are replaced.
     #[must_use]
     pub fn header(mut self, name: &str, value: &str) -> Self {
         match (

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -30,6 +31,21 @@ pub struct Leadership {
     pub leader_id: Option<u64>,
     /// Whether this process is the leader (possibly not yet established).
     pub is_leader: bool,
+    /// The token's proof (base64url Ed25519 signature by the cluster key), when the
+    /// source has one: sent as `Fencing-Token-Proof` with the token. Invariant: `None`
+    /// whenever `token` is.
+    #[serde(serialize_with = "serialize_proof")]
+    pub proof: Option<Arc<str>>,
+}
+
+/// A proof as JSON text (serde's own `Arc` support needs a feature this crate does not
+/// turn on for one field). serde hands the field over as `&Option`.
+#[allow(clippy::ref_option)]
+fn serialize_proof<S: serde::Serializer>(
+    proof: &Option<Arc<str>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    proof.as_deref().serialize(serializer)
 }
 
 impl Leadership {
@@ -40,7 +56,20 @@ impl Leadership {
             term,
             leader_id,
             is_leader: true,
+            proof: None,
         }
+    }
+
+    /// This leadership with `proof` for its token (dropped when it holds no token: a
+    /// proof without a token proves nothing).
+    #[must_use]
+    pub fn with_proof(mut self, proof: Option<impl Into<Arc<str>>>) -> Self {
+        self.proof = if self.token.is_some() {
+            proof.map(Into::into)
+        } else {
+            None
+        };
+        self
     }
 
     /// Not the leader (or not known to be) in `term`; `leader_id` is who is, if known.
@@ -50,6 +79,7 @@ impl Leadership {
             term,
             leader_id,
             is_leader: false,
+            proof: None,
         }
     }
 
@@ -61,12 +91,19 @@ impl Leadership {
             term,
             leader_id,
             is_leader: true,
+            proof: None,
         }
     }
 
     /// The token to attach to a write: `Some` only for an established leader.
     pub fn write_token(&self) -> Option<u64> {
         if self.is_leader { self.token } else { None }
+    }
+
+    /// The proof to attach with [`write_token`](Self::write_token): `Some` only when
+    /// that is and the source has a proof.
+    pub fn write_proof(&self) -> Option<&str> {
+        self.write_token().and(self.proof.as_deref())
     }
 
     /// This leadership with every token below `floor` taken away: a proxy has said that
@@ -116,6 +153,8 @@ pub trait TokenSource: Send + Sync {
 #[derive(Debug)]
 pub struct StaticToken {
     token: u64,
+    /// The token's proof, if one was given.
+    proof: Option<Arc<str>>,
     /// The highest fence a proxy has reported. Invariant: only goes up.
     floor: AtomicU64,
 }
@@ -125,7 +164,17 @@ impl StaticToken {
     pub fn new(token: u64) -> Self {
         Self {
             token,
+            proof: None,
             floor: AtomicU64::new(0),
+        }
+    }
+
+    /// A source that offers `token` with its `proof` (base64url, as a node's leader view
+    /// gives it), for a proxy that checks proofs.
+    pub fn with_proof(token: u64, proof: impl Into<Arc<str>>) -> Self {
+        Self {
+            proof: Some(proof.into()),
+            ..Self::new(token)
         }
     }
 
@@ -136,6 +185,7 @@ impl StaticToken {
 
     fn leadership(&self) -> Leadership {
         Leadership::leader(self.token, self.token, None)
+            .with_proof(self.proof.clone())
             .below_floor_removed(self.floor.load(Ordering::Acquire))
     }
 }
@@ -192,5 +242,22 @@ mod tests {
         assert_eq!(l.clone().below_floor_removed(7).write_token(), Some(7));
         assert_eq!(l.below_floor_removed(8).write_token(), None);
         assert_eq!(Leadership::not_leader(3, None).write_token(), None);
+    }
+
+    /// Goal: a proof travels with its token only: it is offered while the token is, gone
+    /// once a floor takes the token away, and never attached to a leadership without a
+    /// token. Method: a static token with a proof, fenced out; an establishing leader
+    /// given a proof.
+    #[tokio::test]
+    async fn a_proof_goes_with_its_token_only() {
+        let source = StaticToken::with_proof(4, "c2ln");
+        assert_eq!(source.current().await.write_proof(), Some("c2ln"));
+        source.mark_not_leader(5);
+        let fenced = source.current().await;
+        assert_eq!((fenced.write_token(), fenced.write_proof()), (None, None));
+        assert_eq!(fenced.proof, None);
+        let establishing = Leadership::establishing(3, Some(1)).with_proof(Some("c2ln"));
+        assert_eq!(establishing.proof, None);
+        assert_eq!(StaticToken::new(4).current().await.write_proof(), None);
     }
 }
