@@ -37,7 +37,7 @@ pal_admin="$(free_port)"
 start_palisade_proxy palisade "$pal_port" "$pal_admin" "$cores" "" \
   --upstream "http://127.0.0.1:$up_port"
 pal_pid="$(pgrep -g "$SPAWNED" -x palisade)"
-curl -s --fail -X POST --data "{\"token\":$TOKEN}" \
+curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
   "http://127.0.0.1:$pal_admin/v1/fences/default" >/dev/null
 
 RESULTS="$BENCH_WORK/memory.txt"

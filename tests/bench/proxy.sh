@@ -92,7 +92,7 @@ for threads in $THREADS; do
     --upstream "http://127.0.0.1:$up_port"
   pal_group="$SPAWNED"
   pal_pid="$(pgrep -g "$pal_group" -x palisade)"
-  curl -s --fail -X POST --data "{\"token\":$TOKEN}" \
+  curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
     "http://127.0.0.1:$pal_admin/v1/fences/default" >/dev/null
   log "$threads thread(s): upstream :$up_port, nginx :$nginx_port (pids ${nginx_all[*]}), palisade :$pal_port (pid $pal_pid, $(awk '/^Threads:/ {print $2}' "/proc/$pal_pid/status") threads)"
 

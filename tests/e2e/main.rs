@@ -17,6 +17,11 @@
 //! - `client_rust`: the Rust client against a real proxy.
 //! - `client_embedded`: an in-process election node driving the Rust client.
 //! - `demo`: `palisade demo`, as a user runs it.
+//! - `trust_tokens`: signed tokens: forged tokens and proofs refused with 401, the
+//!   leader's proof admitted, and only the new leader's after an election.
+//! - `trust_admin`: the admin bearer token, and the audited fence reset (API and CLI).
+//! - `trust_peers`: peer mTLS and the node API's client certificates; forged raft frames
+//!   in plaintext loopback mode.
 // Tests may unwrap: a failed step panics with its cause, which is what a test should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -27,6 +32,9 @@ mod election_announce;
 mod election_process;
 mod proxy_fencing;
 mod proxy_transport;
+mod trust_admin;
+mod trust_peers;
+mod trust_tokens;
 
 /// The `palisade` binary Cargo built for these tests.
 const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");
