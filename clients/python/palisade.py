@@ -1,7 +1,8 @@
 """Palisade client for Python: writes through a fencing proxy that carry a fencing token.
 
 Standard library only. A ``FencedClient`` attaches ``Fencing-Token`` to every write
-(PUT, POST, PATCH, DELETE), refuses to send a write while its token source says this
+(PUT, POST, PATCH, DELETE), with ``Fencing-Token-Proof`` whenever its token source has the
+token's proof (a proxy run with ``--token-pub`` admits no token without one), refuses to send a write while its token source says this
 process is not the established leader (``NotLeader``), and turns the proxy's 409 into
 ``Fenced(current, presented)``, after which the source reports "not leader" so the
 application stops.
@@ -15,13 +16,19 @@ application stops.
 The client sends each request once: it does not retry. A timeout after sending is
 ``Indeterminate`` (the write may have been applied); a refused connection is
 ``Unreachable`` (nothing was sent).
+
+For ``https://`` URLs (a node API served with ``--cert/--key/--ca``, which requires a
+client certificate), give ``ca=``, ``cert=`` and ``key=`` (PEM file paths), or a ready
+``ssl_context=``, to ``NodeTokenSource`` and ``FencedClient``.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
+import ssl
 import threading
 import urllib.parse
 from dataclasses import dataclass
@@ -40,6 +47,7 @@ __all__ = [
     "Leadership",
     "NodeTokenSource",
     "NotLeader",
+    "PROOF_CHARS_MAX",
     "PalisadeError",
     "Response",
     "StaticToken",
@@ -56,8 +64,12 @@ FENCING_SCOPE = "Fencing-Scope"
 #: Response header with the scope's fence on a rejection (fixed by the contract).
 FENCING_TOKEN_CURRENT = "Fencing-Token-Current"
 #: Header with the signature that proves a token was issued by the cluster (fixed by the
-#: contract; this client does not use it yet).
+#: contract): base64url without padding, sent with the token when the source has it.
 FENCING_TOKEN_PROOF = "Fencing-Token-Proof"
+#: Longest proof sent, in characters (an Ed25519 signature is 86); a longer or odd value
+#: from a token source is refused before sending rather than passed on.
+PROOF_CHARS_MAX = 128
+_PROOF_RE = re.compile(r"[A-Za-z0-9_-]{1,%d}" % PROOF_CHARS_MAX)
 
 #: Longest scope name, in bytes: 1 to 128 of ``[A-Za-z0-9._-]``. This copy of the rule, and
 #: the header names above, are checked against ``protocol/cases.json`` by
@@ -133,14 +145,22 @@ class Leadership:
     term: int
     leader_id: Optional[int]
     is_leader: bool
+    #: The token's proof (base64url), when the source has one; None without a token.
+    proof: Optional[str] = None
 
     @property
     def write_token(self) -> Optional[int]:
         """The token to attach to a write, or None when not the established leader."""
         return self.token if self.is_leader else None
 
+    @property
+    def write_proof(self) -> Optional[str]:
+        """The proof to attach with ``write_token``, or None."""
+        return self.proof if self.write_token is not None else None
+
     def below_floor_removed(self, floor: int) -> "Leadership":
-        """This leadership without a token below ``floor`` (a proxy's fence)."""
+        """This leadership without a token below ``floor`` (a proxy's fence); its proof
+        goes with the token."""
         if self.token is not None and self.token < floor:
             return Leadership(None, self.term, self.leader_id, False)
         return self
@@ -157,17 +177,24 @@ class TokenSource(Protocol):
 class StaticToken:
     """A fixed token: leads until a proxy fences it out, and never again after that."""
 
-    def __init__(self, token: int):
+    def __init__(self, token: int, proof: Optional[str] = None):
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**64:
             raise ValueError(f"a fencing token is a u64, not {token!r}")
+        if proof is not None and not _valid_proof(proof):
+            raise ValueError(
+                f"a token proof is 1 to {PROOF_CHARS_MAX} characters of unpadded base64url"
+            )
         self.token = token
+        self.proof = proof
         self._floor = 0
         self._lock = threading.Lock()
 
     def current(self) -> Leadership:
         with self._lock:
             floor = self._floor
-        return Leadership(self.token, self.token, None, True).below_floor_removed(floor)
+        return Leadership(self.token, self.token, None, True, self.proof).below_floor_removed(
+            floor
+        )
 
     def mark_not_leader(self, current: int) -> None:
         with self._lock:
@@ -182,8 +209,17 @@ class NodeTokenSource:
     tokens below it are not offered again.
     """
 
-    def __init__(self, node_url: str, timeout: float = NODE_TIMEOUT_S):
-        self._base = _Base(node_url)
+    def __init__(
+        self,
+        node_url: str,
+        timeout: float = NODE_TIMEOUT_S,
+        *,
+        ca: Optional[str] = None,
+        cert: Optional[str] = None,
+        key: Optional[str] = None,
+        ssl_context: Optional[ssl.SSLContext] = None,
+    ):
+        self._base = _Base(node_url, _ssl_context(ca, cert, key, ssl_context))
         self.timeout = timeout
         self._floor = 0
         self._term = 0
@@ -205,10 +241,15 @@ class NodeTokenSource:
         leader_id = view.get("leader_id") or None
         token = view.get("token")
         is_leader = view.get("role") == "leader"
+        proof = view.get("proof")
+        if not isinstance(proof, str) or token is None:
+            proof = None
         with self._lock:
             self._term = term
             floor = self._floor
-        leadership = Leadership(token if is_leader else None, term, leader_id, is_leader)
+        leadership = Leadership(
+            token if is_leader else None, term, leader_id, is_leader, proof if is_leader else None
+        )
         return leadership.below_floor_removed(floor)
 
     def mark_not_leader(self, current: int) -> None:
@@ -252,8 +293,13 @@ class FencedClient:
         token_source: Union[TokenSource, int],
         scope: Optional[str] = None,
         timeout: float = REQUEST_TIMEOUT_S,
+        *,
+        ca: Optional[str] = None,
+        cert: Optional[str] = None,
+        key: Optional[str] = None,
+        ssl_context: Optional[ssl.SSLContext] = None,
     ):
-        self._base = _Base(proxy_url)
+        self._base = _Base(proxy_url, _ssl_context(ca, cert, key, ssl_context))
         self.source = StaticToken(token_source) if isinstance(token_source, int) else token_source
         if scope is not None and not valid_scope(scope):
             raise ValueError(f"scope {scope!r}: a scope is 1-128 of [A-Za-z0-9._-]")
@@ -283,7 +329,9 @@ class FencedClient:
         when the source has no token, ``Fenced`` on a fencing rejection, ``HTTPError`` on
         other error answers, ``Unreachable`` and ``Indeterminate`` on transport failures."""
         method = method.upper()
-        sent = {k: v for k, v in (headers or {}).items() if k.lower() != FENCING_TOKEN.lower()}
+        # The token and its proof are the source's to set, together.
+        ours = (FENCING_TOKEN.lower(), FENCING_TOKEN_PROOF.lower())
+        sent = {k: v for k, v in (headers or {}).items() if k.lower() not in ours}
         token = None
         if method in WRITE_METHODS:
             leadership = self.source.current()
@@ -291,6 +339,14 @@ class FencedClient:
             if token is None:
                 raise NotLeader(leadership.term, leadership.leader_id)
             sent[FENCING_TOKEN] = str(token)
+            proof = leadership.write_proof
+            if proof is not None:
+                if not _valid_proof(proof):
+                    raise PalisadeError(
+                        "the token source's proof is not 1 to "
+                        f"{PROOF_CHARS_MAX} characters of unpadded base64url: not sent"
+                    )
+                sent[FENCING_TOKEN_PROOF] = proof
         if self.scope is not None:
             sent[FENCING_SCOPE] = self.scope
         if isinstance(body, str):
@@ -311,7 +367,8 @@ class FencedClient:
 class _Base:
     """``http(s)://host:port[/prefix]``; a URL without a scheme is taken as http://."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, context: Optional[ssl.SSLContext] = None):
+        self.context = context
         parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"invalid URL {url!r}: want http://host:port")
@@ -329,8 +386,12 @@ class _Base:
 
 def _exchange(base: _Base, method, path, body, headers, timeout):
     """One request over a fresh connection: (status, lowercased headers, body)."""
-    cls = http.client.HTTPSConnection if base.scheme == "https" else http.client.HTTPConnection
-    conn = cls(base.host, base.port, timeout=timeout)
+    if base.scheme == "https":
+        conn = http.client.HTTPSConnection(
+            base.host, base.port, timeout=timeout, context=base.context
+        )
+    else:
+        conn = http.client.HTTPConnection(base.host, base.port, timeout=timeout)
     try:
         try:
             conn.connect()
@@ -380,6 +441,28 @@ def _detail(status: int, body: bytes) -> str:
         pass
     text = body.decode("utf-8", errors="replace").strip()
     return text or http.client.responses.get(status, "error")
+
+
+def _ssl_context(ca, cert, key, context):
+    """The TLS settings for https URLs: ``context`` as given, else one trusting ``ca``
+    (a PEM file; without it, the system's roots) and presenting ``cert``/``key`` (PEM
+    files) when given; None (the defaults) when nothing is given."""
+    if context is not None:
+        if ca or cert or key:
+            raise ValueError("give ssl_context or ca/cert/key, not both")
+        return context
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate needs both cert= and key=")
+    if ca is None and cert is None:
+        return None
+    context = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        context.load_cert_chain(cert, key)
+    return context
+
+
+def _valid_proof(proof) -> bool:
+    return isinstance(proof, str) and _PROOF_RE.fullmatch(proof) is not None
 
 
 def valid_scope(scope: str) -> bool:

@@ -43,10 +43,12 @@ def palisade_bin() -> Path:
 
 
 class Proxy:
-    """A ``palisade proxy`` child on free loopback ports."""
+    """A ``palisade proxy`` child on free loopback ports; ``extra`` flags are added, and
+    ``admin_token`` is sent as the bearer of admin calls."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, extra=(), admin_token=None):
         self.log = data_dir / "proxy.log"
+        self.admin_token = admin_token
         self.process = subprocess.Popen(
             [
                 str(palisade_bin()),
@@ -57,6 +59,7 @@ class Proxy:
                 "127.0.0.1:0",
                 "--data-dir",
                 str(data_dir / "data"),
+                *extra,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -83,12 +86,18 @@ class Proxy:
         self.url = f"http://{words[4]}"
         self.admin = f"http://{words[6].rstrip(')')}"
 
+    def _admin_request(self, path: str):
+        request = urllib.request.Request(self.admin + path)
+        if self.admin_token is not None:
+            request.add_header("Authorization", f"Bearer {self.admin_token}")
+        return request
+
     def admin_json(self, path: str):
-        with urllib.request.urlopen(self.admin + path, timeout=10) as answer:
+        with urllib.request.urlopen(self._admin_request(path), timeout=10) as answer:
             return json.load(answer)
 
     def requests_total(self) -> float:
-        with urllib.request.urlopen(self.admin + "/metrics", timeout=10) as answer:
+        with urllib.request.urlopen(self._admin_request("/metrics"), timeout=10) as answer:
             text = answer.read().decode()
         return sum(
             float(line.rsplit(" ", 1)[1])
