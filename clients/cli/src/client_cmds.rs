@@ -1,4 +1,5 @@
-//! `palisade put|get|delete|fence|leader`: the command-line clients. Each parses its flags,
+//! `palisade put|get|delete|leader`: the command-line clients (`fence` is in
+//! `fence_cmd.rs`, the trust flags in `client_trust.rs`). Each parses its flags,
 //! calls `palisade-client`, and prints one human line (or JSON with `--json`).
 //!
 //! Exit codes: 0 on success; 1 on a runtime failure, a fencing rejection included
@@ -11,13 +12,12 @@ use std::time::Duration;
 
 use clap::Args;
 use palisade_client::{
-    ClientError, ClientTls, FencedClient, FencedResponse, LeaderView, NodeApi, ProxyAdmin, Role,
-    StaticToken, backoff,
+    ClientError, FencedClient, FencedResponse, LeaderView, NodeApi, Role, StaticToken, backoff,
 };
-use palisade_protocol::DEFAULT_SCOPE;
 use serde_json::{Value, json};
 
 use crate::Failure;
+use crate::client_trust::{TlsFlags, token_from_node};
 
 /// Largest body `palisade put` reads from a file or stdin: the proxy's default object
 /// limit (16 MiB) with room to spare, so a mistaken `--file` of a huge file fails fast.
@@ -46,9 +46,32 @@ pub(crate) struct ProxyFlags {
     /// For an https:// URL: also trust the CA certificates in this PEM file.
     #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
     ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsFlags,
     /// Print JSON instead of a human-readable line.
     #[arg(long)]
     json: bool,
+}
+
+/// Where a write's token comes from: given (with an optional proof), or a node's.
+#[derive(Args)]
+pub(crate) struct TokenFlags {
+    /// The fencing token (a decimal u64); or give --node.
+    #[arg(long, env = "PALISADE_TOKEN", required_unless_present = "node")]
+    token: Option<u64>,
+    /// The token's proof (base64url, from a node's leader view), sent as
+    /// Fencing-Token-Proof, for a proxy run with --token-pub.
+    #[arg(
+        long,
+        env = "PALISADE_TOKEN_PROOF",
+        value_name = "BASE64URL",
+        requires = "token"
+    )]
+    proof: Option<String>,
+    /// Take the token, its proof and its scope from this node's API (it must be the
+    /// established leader); --cert/--key/--ca apply to it.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["token", "proof"])]
+    node: Option<String>,
 }
 
 /// Store an object through the proxy with a fencing token.
@@ -64,9 +87,8 @@ pub(crate) struct PutArgs {
     /// The body, as given.
     #[arg(long)]
     data: Option<String>,
-    /// The fencing token (a decimal u64).
-    #[arg(long, env = "PALISADE_TOKEN")]
-    token: u64,
+    #[command(flatten)]
+    token: TokenFlags,
     #[command(flatten)]
     flags: ProxyFlags,
 }
@@ -90,31 +112,10 @@ pub(crate) struct DeleteArgs {
     /// Object key or path under the proxy.
     #[arg(value_name = "KEY|PATH")]
     target: String,
-    /// The fencing token (a decimal u64).
-    #[arg(long, env = "PALISADE_TOKEN")]
-    token: u64,
+    #[command(flatten)]
+    token: TokenFlags,
     #[command(flatten)]
     flags: ProxyFlags,
-}
-
-/// Read a proxy's fences, or advance one without a write (admin API).
-#[derive(Args)]
-pub(crate) struct FenceArgs {
-    /// The scope; without it, every scope's fence is listed (or, with --advance, scope
-    /// `default` is advanced).
-    scope: Option<String>,
-    /// Raise the scope's fence to this token.
-    #[arg(long, value_name = "TOKEN")]
-    advance: Option<u64>,
-    /// Base URL of the proxy's admin API.
-    #[arg(long, env = "PALISADE_ADMIN", default_value = "http://127.0.0.1:8081")]
-    admin: String,
-    /// For an https:// URL: also trust the CA certificates in this PEM file.
-    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
-    ca_file: Option<PathBuf>,
-    /// Print JSON instead of human-readable lines.
-    #[arg(long)]
-    json: bool,
 }
 
 /// Read or watch a node's leadership (`GET /v1/leader`).
@@ -126,6 +127,8 @@ pub(crate) struct LeaderArgs {
     /// For an https:// URL: also trust the CA certificates in this PEM file.
     #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
     ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsFlags,
     /// Keep watching (long poll) and print each change, until interrupted.
     #[arg(long)]
     watch: bool,
@@ -138,7 +141,7 @@ pub(crate) struct LeaderArgs {
 pub(crate) async fn put(args: PutArgs) -> Result<(), Failure> {
     check_target(&args.target)?;
     let body = read_body(args.file.as_ref(), args.data).await?;
-    let client = fenced_client(&args.flags, Some(args.token))?;
+    let client = write_client(&args.flags, &args.token).await?;
     let result = client.put(&args.target, body).await;
     report_write("PUT", &args.target, &args.flags, result)
 }
@@ -146,7 +149,7 @@ pub(crate) async fn put(args: PutArgs) -> Result<(), Failure> {
 /// `palisade get`.
 pub(crate) async fn get(args: GetArgs) -> Result<(), Failure> {
     check_target(&args.target)?;
-    let client = fenced_client(&args.flags, args.token)?;
+    let client = fenced_client(&args.flags, args.token.map(StaticToken::new), None)?;
     let response = client
         .get(&args.target)
         .await
@@ -176,63 +179,14 @@ pub(crate) async fn get(args: GetArgs) -> Result<(), Failure> {
 /// `palisade delete`.
 pub(crate) async fn delete(args: DeleteArgs) -> Result<(), Failure> {
     check_target(&args.target)?;
-    let client = fenced_client(&args.flags, Some(args.token))?;
+    let client = write_client(&args.flags, &args.token).await?;
     let result = client.delete(&args.target).await;
     report_write("DELETE", &args.target, &args.flags, result)
 }
 
-/// `palisade fence`.
-pub(crate) async fn fence(args: FenceArgs) -> Result<(), Failure> {
-    let tls = client_tls(args.ca_file.as_deref())?;
-    let admin = ProxyAdmin::with_tls(&args.admin, &tls).map_err(|e| usage_or_runtime(&e))?;
-    match (args.scope, args.advance) {
-        (None, None) => {
-            let list = admin
-                .fences()
-                .await
-                .map_err(|e| failure_plain(&e, args.json))?;
-            if args.json {
-                return print_json(&list);
-            }
-            if list.fences.is_empty() {
-                return print_line("no fences yet");
-            }
-            for f in list.fences {
-                print_line(&format!("scope {}: fence at token {}", f.scope, f.token))?;
-            }
-            Ok(())
-        }
-        (Some(scope), None) => {
-            let f = admin
-                .fence(&scope)
-                .await
-                .map_err(|e| failure_plain(&e, args.json))?;
-            if args.json {
-                print_json(&f)
-            } else {
-                print_line(&format!("scope {}: fence at token {}", f.scope, f.token))
-            }
-        }
-        (scope, Some(token)) => {
-            let scope = scope.unwrap_or_else(|| DEFAULT_SCOPE.to_owned());
-            let a = admin
-                .advance(&scope, token)
-                .await
-                .map_err(|e| failure_plain(&e, args.json))?;
-            if args.json {
-                print_json(&a)
-            } else if a.advanced {
-                print_line(&format!("scope {}: fence advanced to {}", a.scope, a.token))
-            } else {
-                print_line(&format!("scope {}: fence already at {}", a.scope, a.token))
-            }
-        }
-    }
-}
-
 /// `palisade leader`.
 pub(crate) async fn leader(args: LeaderArgs) -> Result<(), Failure> {
-    let tls = client_tls(args.ca_file.as_deref())?;
+    let tls = args.tls.client_tls(args.ca_file.as_deref())?;
     let api = NodeApi::with_tls(&args.node, &tls).map_err(|e| usage_or_runtime(&e))?;
     let first = api
         .leader()
@@ -331,28 +285,60 @@ fn print_leader(view: &LeaderView, json: bool) -> Result<(), Failure> {
     print_line(&line)
 }
 
-fn fenced_client(flags: &ProxyFlags, token: Option<u64>) -> Result<FencedClient, Failure> {
-    // Reads carry no token unless one is given; then the proxy may fence them.
-    let source = Arc::new(StaticToken::new(token.unwrap_or(0)));
-    let mut builder = FencedClient::builder(&flags.proxy, source)
-        .request_timeout(Duration::from_millis(flags.timeout_ms))
-        .fence_reads(token.is_some())
-        .tls(client_tls(flags.ca_file.as_deref())?);
-    if let Some(scope) = &flags.scope {
-        builder = builder.scope(scope.clone());
-    }
-    builder.build().map_err(|e| usage_or_runtime(&e))
+/// The client of a put or delete: the token (and proof) as given, or the node's; with
+/// --node and no --scope, the node's scope, for which its proof is made.
+async fn write_client(flags: &ProxyFlags, token: &TokenFlags) -> Result<FencedClient, Failure> {
+    let (source, scope) = match (&token.node, token.token) {
+        (Some(url), _) => {
+            let tls = flags.tls.client_tls(flags.ca_file.as_deref())?;
+            let from_node = token_from_node(url, &tls).await?;
+            if let Some(scope) = &flags.scope
+                && *scope != from_node.scope
+            {
+                return Err(Failure::Usage(format!(
+                    "--scope {scope}: the node's token is for scope {}; its proof holds for that scope only",
+                    from_node.scope
+                )));
+            }
+            let source = match from_node.proof {
+                Some(proof) => StaticToken::with_proof(from_node.token, proof),
+                None => StaticToken::new(from_node.token),
+            };
+            (source, Some(from_node.scope))
+        }
+        (None, Some(value)) => {
+            let source = match &token.proof {
+                Some(proof) => StaticToken::with_proof(value, proof.as_str()),
+                None => StaticToken::new(value),
+            };
+            (source, None)
+        }
+        (None, None) => {
+            return Err(Failure::Usage(
+                "give --token N (or PALISADE_TOKEN) or --node URL".to_owned(),
+            ));
+        }
+    };
+    fenced_client(flags, Some(source), scope)
 }
 
-/// TLS settings with the CA file of `--ca-file`, if one was given; a file that cannot be
-/// read or holds no certificate is a usage error.
-fn client_tls(ca_file: Option<&std::path::Path>) -> Result<ClientTls, Failure> {
-    match ca_file {
-        Some(path) => ClientTls::new()
-            .trust_pem_file(path)
-            .map_err(|e| Failure::Usage(format!("--ca-file: {e}"))),
-        None => Ok(ClientTls::new()),
+/// A client of the proxy; reads carry no token unless one is given (then the proxy may
+/// fence them). `scope` is used when --scope is not given.
+fn fenced_client(
+    flags: &ProxyFlags,
+    source: Option<StaticToken>,
+    scope: Option<String>,
+) -> Result<FencedClient, Failure> {
+    let fence_reads = source.is_some();
+    let source = Arc::new(source.unwrap_or_else(|| StaticToken::new(0)));
+    let mut builder = FencedClient::builder(&flags.proxy, source)
+        .request_timeout(Duration::from_millis(flags.timeout_ms))
+        .fence_reads(fence_reads)
+        .tls(flags.tls.client_tls(flags.ca_file.as_deref())?);
+    if let Some(scope) = flags.scope.clone().or(scope) {
+        builder = builder.scope(scope);
     }
+    builder.build().map_err(|e| usage_or_runtime(&e))
 }
 
 fn report_write(
@@ -404,7 +390,7 @@ fn failure(method: &str, target: &str, json: bool, error: &ClientError) -> Failu
     }
 }
 
-fn failure_plain(error: &ClientError, json: bool) -> Failure {
+pub(crate) fn failure_plain(error: &ClientError, json: bool) -> Failure {
     let message = message(error);
     if json {
         let _ = print_line(&error_json(error, &message).to_string());
@@ -412,7 +398,7 @@ fn failure_plain(error: &ClientError, json: bool) -> Failure {
     usage_or_runtime_with(error, message)
 }
 
-fn usage_or_runtime(error: &ClientError) -> Failure {
+pub(crate) fn usage_or_runtime(error: &ClientError) -> Failure {
     usage_or_runtime_with(error, message(error))
 }
 
@@ -524,13 +510,13 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Prints one line on stdout. A closed stdout (`| head`) is not worth a panic.
 /// Prints an API answer as one line of JSON, in its protocol type's own form.
-fn print_json<T: serde::Serialize>(value: &T) -> Result<(), Failure> {
+pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> Result<(), Failure> {
     let text = serde_json::to_string(value)
         .map_err(|e| Failure::Runtime(format!("cannot write JSON: {e}")))?;
     print_line(&text)
 }
 
-fn print_line(line: &str) -> Result<(), Failure> {
+pub(crate) fn print_line(line: &str) -> Result<(), Failure> {
     let mut stdout = std::io::stdout().lock();
     writeln!(stdout, "{line}")
         .and_then(|()| stdout.flush())

@@ -4,7 +4,9 @@
 mod bench;
 mod certs;
 mod client_cmds;
+mod client_trust;
 mod demo;
+mod fence_cmd;
 mod keys;
 mod node;
 mod proxy;
@@ -60,8 +62,8 @@ enum Command {
     Get(client_cmds::GetArgs),
     /// Delete an object through the proxy with a fencing token.
     Delete(client_cmds::DeleteArgs),
-    /// Read a proxy's fences, or advance one without a write (admin API).
-    Fence(client_cmds::FenceArgs),
+    /// Read a proxy's fences, advance one without a write, or reset one (admin API).
+    Fence(fence_cmd::FenceArgs),
     /// Read or watch a node's leadership.
     Leader(client_cmds::LeaderArgs),
     /// Token signing keys: `keys generate --out DIR` writes token.key and token.pub.
@@ -134,7 +136,7 @@ fn main() -> ExitCode {
             Command::Put(args) => client_cmds::put(args).await,
             Command::Get(args) => client_cmds::get(args).await,
             Command::Delete(args) => client_cmds::delete(args).await,
-            Command::Fence(args) => client_cmds::fence(args).await,
+            Command::Fence(args) => fence_cmd::fence(args).await,
             Command::Leader(args) => client_cmds::leader(args).await,
             Command::Keys(args) => keys::run(args),
             Command::Certs(args) => certs::run(args),

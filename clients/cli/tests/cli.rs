@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use palisade_protocol::process::ProxyReady;
 
+#[path = "cli/trust_cmds.rs"]
+mod trust_cmds;
 #[path = "cli/trust_tools.rs"]
 mod trust_tools;
 
@@ -31,11 +33,17 @@ struct Proxy {
 
 impl Proxy {
     fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[])
+    }
+
+    /// Like `start`, with `extra` flags.
+    fn start_with(dir: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(BIN)
             .args(["proxy", "--listen", "127.0.0.1:0", "--admin-listen"])
             .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(dir.join("data"))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.join("proxy.log")).unwrap())
