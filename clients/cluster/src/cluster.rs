@@ -9,6 +9,7 @@ use palisade_protocol::{FaultSpec, LeaderView, Role};
 
 use crate::node::{NodeProcess, NodeSpec};
 use crate::proxy::ProxyProcess;
+use crate::trust::Trust;
 use crate::{ClusterError, Result, free_port, wait};
 
 /// How to start a cluster.
@@ -47,6 +48,10 @@ pub struct ClusterOptions {
     /// Where each node listens and how it is run, by position; empty: every node on
     /// 127.0.0.1, run directly.
     pub node_hosts: Vec<NodeHost>,
+    /// Run secure: trust material in `DIR/trust` ([`Trust`]), nodes signing tokens
+    /// (`--token-key`) with peer mTLS and an https API (`--cert/--key/--ca`), the proxy
+    /// checking proofs (`--token-pub`) with an admin token (`--admin-token-file`).
+    pub secure: bool,
 }
 
 impl Default for ClusterOptions {
@@ -57,6 +62,7 @@ impl Default for ClusterOptions {
             proxy_env: Vec::new(),
             proxy_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             node_hosts: Vec::new(),
+            secure: false,
         }
     }
 }
@@ -78,6 +84,8 @@ pub struct Cluster {
     pub nodes: Vec<NodeProcess>,
     /// Where data and logs live.
     pub dir: PathBuf,
+    /// The trust material, when the cluster runs secure.
+    pub trust: Option<Trust>,
 }
 
 impl Cluster {
@@ -89,15 +97,32 @@ impl Cluster {
     /// Starts the proxy, then the nodes, in `dir`, with `options`.
     pub fn start_with(dir: &Path, spec: &ClusterSpec, options: &ClusterOptions) -> Result<Self> {
         let proxy_dir = dir.join("proxy");
-        let proxy_flags: Vec<&str> = spec.proxy_flags.iter().map(String::as_str).collect();
+        let trust = if options.secure {
+            let ids: Vec<u64> = (1..=spec.nodes as u64).collect();
+            let mut hosts: Vec<IpAddr> = options.node_hosts.iter().map(|h| h.ip).collect();
+            hosts.push(options.proxy_host);
+            Some(Trust::generate(&dir.join("trust"), &ids, &hosts)?)
+        } else {
+            None
+        };
+        let mut proxy_flags: Vec<&str> = spec.proxy_flags.iter().map(String::as_str).collect();
+        let trust_proxy_flags = trust.as_ref().map(Trust::proxy_flags).unwrap_or_default();
+        proxy_flags.extend(trust_proxy_flags.iter().map(String::as_str));
         let proxy_env: Vec<(&str, &str)> = options
             .proxy_env
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         let any_port = std::net::SocketAddr::new(options.proxy_host, 0).to_string();
-        let proxy =
+        let mut proxy =
             ProxyProcess::start_with(&proxy_dir, &any_port, &any_port, &proxy_flags, &proxy_env)?;
+        let client_tls = match &trust {
+            Some(trust) => {
+                proxy.set_admin_bearer(trust.admin_token());
+                Some(trust.client_tls()?)
+            }
+            None => None,
+        };
         let host = |id: u64| -> Result<NodeHost> {
             if options.node_hosts.is_empty() {
                 return Ok(NodeHost {
@@ -121,6 +146,10 @@ impl Cluster {
         let mut nodes = Vec::with_capacity(spec.nodes);
         for id in 1..=spec.nodes as u64 {
             let at = host(id)?;
+            let mut extra = spec.node_flags.clone();
+            if let Some(trust) = &trust {
+                extra.extend(trust.node_flags(id));
+            }
             let node_spec = NodeSpec {
                 id,
                 peers: peers.clone(),
@@ -131,16 +160,17 @@ impl Cluster {
                 } else {
                     Vec::new()
                 },
-                extra: spec.node_flags.clone(),
+                extra,
                 env: options.node_env.clone(),
                 prefix: at.prefix,
             };
-            nodes.push(NodeProcess::start(node_spec, dir)?);
+            nodes.push(NodeProcess::start_tls(node_spec, dir, client_tls.as_ref())?);
         }
         Ok(Self {
             proxy,
             nodes,
             dir: dir.to_owned(),
+            trust,
         })
     }
 

@@ -33,6 +33,7 @@ pub mod history;
 mod node;
 mod process;
 mod proxy;
+mod trust;
 pub mod wait;
 pub mod worker;
 
@@ -44,6 +45,7 @@ pub use process::{
     set_palisade_bin, spawn_launch, spawn_until, spawn_until_line,
 };
 pub use proxy::{ADMIN_QUERY_TIMEOUT_MS, ProxyProcess};
+pub use trust::{CLIENT_CERT_NAME, Trust};
 
 /// Why a cluster operation failed.
 #[derive(Debug, thiserror::Error)]

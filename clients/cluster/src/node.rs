@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use palisade_client::NodeApi;
+use palisade_client::{ClientTls, NodeApi};
 use palisade_protocol::process::NodeReady;
 use palisade_protocol::{FaultSpec, LeaderView};
 
@@ -76,13 +76,23 @@ pub struct NodeProcess {
     /// Directory of its logs.
     log_dir: PathBuf,
     starts: usize,
+    /// `http` or, for a node serving its API with TLS, `https`.
+    scheme: &'static str,
 }
 
 impl NodeProcess {
     /// Starts a node and waits until its API has answered.
     pub fn start(spec: NodeSpec, log_dir: &Path) -> Result<Self> {
-        let url = format!("http://{}", spec.api);
-        let api = NodeApi::new(&url)
+        Self::start_tls(spec, log_dir, None)
+    }
+
+    /// Like [`start`](Self::start); with `tls`, the node serves its API over https
+    /// (started with `--cert/--key/--ca`) and is asked with these client settings.
+    pub fn start_tls(spec: NodeSpec, log_dir: &Path, tls: Option<&ClientTls>) -> Result<Self> {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", spec.api);
+        let default_tls = ClientTls::default();
+        let api = NodeApi::with_tls(&url, tls.unwrap_or(&default_tls))
             .map_err(|source| ClusterError::Client {
                 what: format!("a client of node {} at {url}", spec.id),
                 source,
@@ -95,6 +105,7 @@ impl NodeProcess {
             api,
             log_dir: log_dir.to_owned(),
             starts: 1,
+            scheme,
         })
     }
 
@@ -169,9 +180,9 @@ impl NodeProcess {
         self.spec.id
     }
 
-    /// `http://API` + `path`.
+    /// `http://API` + `path` (`https://` for a node serving its API with TLS).
     pub fn api_url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.spec.api)
+        format!("{}://{}{path}", self.scheme, self.spec.api)
     }
 
     /// Its leadership, or `None` when it does not answer within [`QUERY_TIMEOUT_MS`]

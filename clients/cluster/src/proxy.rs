@@ -42,6 +42,8 @@ pub struct ProxyProcess {
     lines: Lines,
     /// A client of its admin API; restarts keep the ports, so it stays valid.
     admin_client: ProxyAdmin,
+    /// The admin bearer token its admin client sends, if any.
+    bearer: Option<String>,
 }
 
 impl ProxyProcess {
@@ -91,7 +93,15 @@ impl ProxyProcess {
             launch,
             lines,
             admin_client,
+            bearer: None,
         })
+    }
+
+    /// Makes the admin client send `Authorization: Bearer <token>` (a proxy started with
+    /// `--admin-token-file`), now and after restarts.
+    pub fn set_admin_bearer(&mut self, token: &str) {
+        self.admin_client = self.admin_client.clone().with_bearer(token);
+        self.bearer = Some(token.to_owned());
     }
 
     fn spawn(dir: &Path, launch: &Launch) -> Result<(ChildGuard, SocketAddr, SocketAddr, Lines)> {
@@ -143,6 +153,9 @@ impl ProxyProcess {
         };
         if admin != self.admin {
             self.admin_client = admin_client(admin)?;
+            if let Some(token) = &self.bearer {
+                self.admin_client = self.admin_client.clone().with_bearer(token);
+            }
         }
         self.guard = guard;
         self.addr = addr;

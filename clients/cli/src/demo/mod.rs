@@ -16,7 +16,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use palisade_cluster::{ChildGuard, Cluster, ClusterSpec, LeaderView, spawn_until_line, wait};
+use palisade_cluster::{
+    CLIENT_CERT_NAME, ChildGuard, Cluster, ClusterOptions, ClusterSpec, LeaderView,
+    spawn_until_line, wait,
+};
 use palisade_protocol::process::WORKER_READY_LINE;
 use serde::Deserialize;
 
@@ -50,6 +53,10 @@ pub(crate) struct DemoArgs {
     /// Keep the temporary directory (data and logs) instead of removing it.
     #[arg(long)]
     keep: bool,
+    /// Run without the trust mechanisms (unsigned tokens, plaintext peers and node APIs,
+    /// no admin token), as before they existed. By default the demo runs secure.
+    #[arg(long)]
+    insecure_demo: bool,
 }
 
 /// The demo's state: the cluster, workers, and what was seen so far.
@@ -117,7 +124,24 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
         node_flags: vec!["--tick-ms".to_owned(), args.tick_ms.to_string()],
         proxy_flags: Vec::new(),
     };
-    let cluster = Cluster::start(&dir, &spec).map_err(runtime)?;
+    let options = ClusterOptions {
+        secure: !args.insecure_demo,
+        ..ClusterOptions::default()
+    };
+    let cluster = Cluster::start_with(&dir, &spec, &options).map_err(runtime)?;
+    if cluster.trust.is_some() {
+        println!(
+            "  secure: signed fencing tokens (nodes sign with token.key, the proxy checks proofs with token.pub)"
+        );
+        println!(
+            "  secure: peer mutual TLS between nodes, and an https node API that requires client certificates"
+        );
+        println!("  secure: the proxy's admin API requires a bearer token (admin.token)");
+    } else {
+        println!(
+            "  insecure (--insecure-demo): unsigned tokens, plaintext peers and node APIs, no admin token"
+        );
+    }
     let mut demo = Demo {
         started,
         cluster,
@@ -259,7 +283,7 @@ impl Demo {
     fn start_workers(&mut self, dir: &std::path::Path) -> Result<(), Failure> {
         for node in &self.cluster.nodes {
             let id = node.id();
-            let args = vec![
+            let mut args = vec![
                 "demo-worker".to_owned(),
                 "--node".to_owned(),
                 node.api_url(""),
@@ -268,6 +292,16 @@ impl Demo {
                 "--name".to_owned(),
                 format!("w{id}"),
             ];
+            if let Some(trust) = &self.cluster.trust {
+                for (flag, path) in [
+                    ("--ca", trust.ca()),
+                    ("--cert", trust.cert(CLIENT_CERT_NAME)),
+                    ("--key", trust.key(CLIENT_CERT_NAME)),
+                ] {
+                    args.push(flag.to_owned());
+                    args.push(path.display().to_string());
+                }
+            }
             let log = dir.join(format!("worker-{id}.log"));
             let (guard, _, lines) =
                 spawn_until_line(&args, &log, WORKER_READY_LINE, &format!("worker {id}"))

@@ -13,6 +13,7 @@ pub(crate) use palisade_cluster::worker::{Event, LEDGER_PREFIX, SEQ_HEADER, WRIT
 use palisade_protocol::process::WORKER_READY_LINE;
 
 use crate::Failure;
+use crate::client_trust::TlsFlags;
 
 /// How long one job works between reading its token and writing, by default: the window
 /// in which a GC pause makes a leader stale.
@@ -36,6 +37,9 @@ pub(crate) struct WorkerArgs {
     /// Retries of a failed write (the client's default when absent).
     #[arg(long)]
     retries: Option<u32>,
+    /// TLS for an https node API (a secure cluster): its CA and a client certificate.
+    #[command(flatten)]
+    tls: TlsFlags,
 }
 
 fn emit(event: &Event) {
@@ -45,16 +49,22 @@ fn emit(event: &Event) {
 }
 
 pub(crate) async fn run(args: WorkerArgs) -> Result<(), Failure> {
-    let source =
-        Arc::new(NodeApiSource::start(&args.node).map_err(|e| Failure::Usage(e.to_string()))?);
+    let tls = args.tls.client_tls(None)?;
+    let source = Arc::new(
+        NodeApiSource::start_with_tls(&args.node, &tls)
+            .map_err(|e| Failure::Usage(e.to_string()))?,
+    );
     println!("{WORKER_READY_LINE}");
     emit(&Event::Ready);
     let mut seq = 0_u64;
     loop {
-        // Wait until the node is the established leader; take its token.
-        let Some(token) = source.wait_for_leader().await.write_token() else {
+        // Wait until the node is the established leader; take its token, and its proof
+        // when the node signs tokens.
+        let leadership = source.wait_for_leader().await;
+        let Some(token) = leadership.write_token() else {
             continue;
         };
+        let proof = leadership.write_proof().map(str::to_owned);
         seq += 1;
         let key = format!("{LEDGER_PREFIX}{}-{seq:06}", args.name);
         emit(&Event::Holding {
@@ -66,11 +76,13 @@ pub(crate) async fn run(args: WorkerArgs) -> Result<(), Failure> {
         // was read and before the write, is exactly the case fencing exists for.
         tokio::time::sleep(Duration::from_millis(args.job_ms)).await;
         let body = serde_json::json!({"worker": args.name, "seq": seq, "token": token}).to_string();
-        // The write carries the token the job started with, as a real job's would.
-        let mut builder = FencedClient::builder(
-            &args.proxy,
-            Arc::new(palisade_client::StaticToken::new(token)),
-        );
+        // The write carries the token the job started with (and its proof), as a real
+        // job's would.
+        let fixed = match proof {
+            Some(proof) => palisade_client::StaticToken::with_proof(token, proof),
+            None => palisade_client::StaticToken::new(token),
+        };
+        let mut builder = FencedClient::builder(&args.proxy, Arc::new(fixed));
         if let Some(retries) = args.retries {
             builder = builder.retries(retries);
         }
