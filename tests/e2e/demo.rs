@@ -3,8 +3,10 @@
 
 use std::process::Command;
 
-/// Goal: the demo shows a paused leader's write rejected and exits 0 with a verdict that
-/// holds. Method: run it with a short pause and fast ticks; read its timeline.
+/// Goal: the demo, in its default secure mode (signed tokens, peer mutual TLS, an admin
+/// token), shows a paused leader's write rejected and exits 0 with a verdict that holds,
+/// and says it ran secure. Method: run it with a short pause and fast ticks and no mode
+/// flag; read its `secure:` lines and its timeline.
 #[test]
 fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
     crate::use_tested_binary();
@@ -16,6 +18,17 @@ fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "demo failed\n{stdout}\n{stderr}");
+    for line in [
+        "secure: signed fencing tokens",
+        "secure: peer mutual TLS",
+        "secure: the proxy's admin API requires a bearer token",
+    ] {
+        assert!(stdout.contains(line), "the demo says {line:?}: {stdout}");
+    }
+    assert!(
+        !stdout.contains("insecure"),
+        "the default is not the insecure demo: {stdout}"
+    );
     assert!(stdout.contains("PAUSE    SIGSTOP node"), "{stdout}");
     assert!(
         stdout.contains("REJECTED"),

@@ -284,7 +284,6 @@ async fn reset_needs_the_bearer_and_is_logged_and_counted() {
 /// Method: raise the fence with the bearer, run the CLI with the admin URL and the token
 /// file, read the fence, `/metrics` and the JSON log.
 #[tokio::test]
-#[ignore = "needs `palisade fence --reset` with `--admin-token-file`, not yet in the CLI"]
 async fn the_cli_resets_a_fence_with_the_admin_token() {
     let s = secured().await;
     let auth = s.auth();
