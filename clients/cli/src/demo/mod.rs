@@ -117,7 +117,7 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
         "palisade demo: {} nodes, 1 proxy on its embedded store, a worker beside each node; pause {:.1}s",
         args.nodes, args.pause
     );
-    println!("  (data and logs in {})\n", dir.display());
+    println!("  (data and logs in {})", dir.display());
     let started = Instant::now();
     let spec = ClusterSpec {
         nodes: args.nodes,
@@ -142,6 +142,7 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
             "  insecure (--insecure-demo): unsigned tokens, plaintext peers and node APIs, no admin token"
         );
     }
+    println!();
     let mut demo = Demo {
         started,
         cluster,
