@@ -17,12 +17,13 @@
 
 use std::time::Duration;
 
-use palisade_client::{ClientError, ProxyAdmin, StatusCode, backoff};
+use palisade_client::{ClientError, ClientTls, ProxyAdmin, StatusCode, backoff};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, warn};
 
+use crate::config::{ConfigError, NodeTls};
 use crate::leadership::{Leadership, TokenProof};
 use crate::metrics::NodeMetrics;
 use crate::node::Commands;
@@ -40,10 +41,28 @@ pub(crate) struct Announcer {
     pub urls: Vec<String>,
     /// The bearer token of `--announce-token-file`, if any.
     pub bearer: Option<String>,
+    /// How to speak https to the proxies: the cluster CA and this node's certificate
+    /// when the node has TLS, the system's roots otherwise.
+    pub tls: ClientTls,
     pub leadership: watch::Receiver<Leadership>,
     pub commands: Commands,
     pub metrics: NodeMetrics,
     pub shutdown: CancellationToken,
+}
+
+/// The announcer's https settings: with node TLS, trust the cluster CA and present this
+/// node's own certificate (a proxy whose admin listener requires client certificates
+/// from the cluster CA then knows the announce comes from a node); without, the system's
+/// roots. A file the client cannot use is a configuration error naming `tls`.
+pub(crate) fn client_tls(tls: Option<&NodeTls>) -> Result<ClientTls, ConfigError> {
+    let Some(tls) = tls else {
+        return Ok(ClientTls::new());
+    };
+    let bad = |e: ClientError| ConfigError::new("tls", format!("for announcements: {e}"));
+    ClientTls::new()
+        .trust_pem_file(&tls.ca)
+        .and_then(|t| t.identity_pem_files(&tls.cert, &tls.key))
+        .map_err(bad)
 }
 
 /// The announcer task: waits for a token, announces it, repeats for the next one.
@@ -53,7 +72,7 @@ pub(crate) async fn run(a: Announcer) {
     // refuses is logged once and leaves every token not announced.
     let mut admins = Vec::with_capacity(a.urls.len());
     for url in &a.urls {
-        match ProxyAdmin::new(url) {
+        match ProxyAdmin::with_tls(url, &a.tls) {
             Ok(admin) => {
                 let admin = admin.timeout(timeout);
                 admins.push(match &a.bearer {

@@ -332,10 +332,13 @@ fn check_announce_url(url: &str) -> Result<(), ConfigError> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| ConfigError::new("announce", format!("{url:?} is not a URL: {e}")))?;
-    if uri.scheme_str() != Some("http") {
+    // https announcements trust the cluster CA and present this node's certificate when
+    // `tls` is set (so a proxy admin listener with `client_ca` can require it), and the
+    // system's roots otherwise.
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(ConfigError::new(
             "announce",
-            format!("{url:?} must be an http:// URL (https is not supported for announcements)"),
+            format!("{url:?} must be an http:// or https:// URL"),
         ));
     }
     if uri.authority().is_none() {

@@ -178,6 +178,7 @@ async fn start(
     };
     // TLS files are read and checked before anything binds, like the secrets above.
     let tls = crate::tls::prepare(&config)?;
+    let announce_tls = crate::announce::client_tls(config.tls.as_ref())?;
     let raft_config = config.raft_config();
     let logger = slog::Logger::root(tracing_slog::TracingSlogDrain, slog::o!());
     let raw_node = {
@@ -238,6 +239,7 @@ async fn start(
                 scope: config.scope.clone(),
                 urls: config.announce.clone(),
                 bearer: announce_bearer,
+                tls: announce_tls,
                 leadership: leadership_rx.clone(),
                 commands: commands.clone(),
                 metrics: metrics.clone(),
