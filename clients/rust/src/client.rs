@@ -530,6 +530,32 @@ mod tests {
         assert!(fenced_error(&storage, 4, "jobs").is_none());
     }
 
+    /// Goal: the token and its proof are the source's alone: a caller's own
+    /// `Fencing-Token-Proof` is replaced (or dropped when the source has none), and a
+    /// proof that cannot be a header value (a forged leader view with a line break) is
+    /// refused before anything is sent. Method: build requests directly.
+    #[test]
+    fn the_proof_header_is_the_sources_alone() {
+        let client = FencedClient::with_token("http://127.0.0.1:1", 3).unwrap();
+        let url = client.base.join("k").unwrap();
+        let planted = FencedRequest::put("k", "v").header("fencing-token-proof", "planted");
+        let headers = |proof: Option<&str>| {
+            client
+                .build_request(&planted, url.clone(), Some(3), proof)
+                .unwrap()
+                .build()
+                .unwrap()
+                .headers()
+                .clone()
+        };
+        let with = headers(Some("c2ln"));
+        assert_eq!(with.get_all(FENCING_TOKEN_PROOF).iter().count(), 1);
+        assert_eq!(with[FENCING_TOKEN_PROOF], "c2ln");
+        assert!(headers(None).get(FENCING_TOKEN_PROOF).is_none());
+        let bad = client.build_request(&planted, url, Some(3), Some("ab\r\nX-Evil: 1"));
+        assert!(matches!(bad, Err(ClientError::InvalidRequest(_))));
+    }
+
     /// Goal: the builder refuses a scope the contract forbids before anything is sent.
     /// Method: build clients with a good and a bad scope.
     #[test]
