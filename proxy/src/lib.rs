@@ -178,8 +178,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         .admin_tls
         .as_ref()
         .map(|t| palisade_protocol::tls::acceptor(&t.cert, &t.key, t.client_ca.as_deref()))
-        .transpose()
-        .map_err(admin_tls_error)?;
+        .transpose()?;
     // Install the recorder, then bind the hot-path handles to it, before any request.
     metrics::prometheus();
     metrics::hot_path_handles();
@@ -252,16 +251,4 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         shutdown,
         tasks,
     })
-}
-
-/// The admin listener's TLS errors, as the proxy's [`TlsError`].
-fn admin_tls_error(err: palisade_protocol::tls::TlsFileError) -> TlsError {
-    match err {
-        palisade_protocol::tls::TlsFileError::Rustls(e) => TlsError::Rustls(e),
-        other => TlsError::Pem {
-            what: "admin TLS file",
-            path: "[admin_tls]".to_owned(),
-            reason: other.to_string(),
-        },
-    }
 }

@@ -12,12 +12,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::sync::Semaphore;
 
+use crate::StartError;
 use crate::body::ProxyBody;
+use crate::config::ConfigError;
 use crate::config::ProxyConfig;
 use crate::error::ProxyError;
 use crate::metrics as m;
 use crate::server::Peer;
-use crate::tls::{self, TlsError};
+use crate::tls;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1). Pre-built names:
 /// removing by `&str` would parse and hash the name on every request.
@@ -55,15 +57,13 @@ pub(crate) struct HttpUpstream {
 
 impl HttpUpstream {
     /// Builds the pooled client for `config.upstream`.
-    pub(crate) fn new(base: &str, config: &ProxyConfig) -> Result<Self, TlsError> {
+    /// The URL was checked by [`ProxyConfig::validate`]; a URL that still does not parse
+    /// is a configuration error naming `upstream`.
+    pub(crate) fn new(base: &str, config: &ProxyConfig) -> Result<Self, StartError> {
         let limits = &config.limits;
         let uri: Uri = base
             .parse()
-            .map_err(|e: http::uri::InvalidUri| TlsError::Pem {
-                what: "upstream URL",
-                path: base.to_owned(),
-                reason: e.to_string(),
-            })?;
+            .map_err(|e: http::uri::InvalidUri| bad_url(base, &e))?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -84,11 +84,7 @@ impl HttpUpstream {
         Ok(Self {
             client,
             scheme: parts.scheme.unwrap_or(http::uri::Scheme::HTTP),
-            authority: parts.authority.ok_or_else(|| TlsError::Pem {
-                what: "upstream URL",
-                path: base.to_owned(),
-                reason: "no host".to_owned(),
-            })?,
+            authority: parts.authority.ok_or_else(|| bad_url(base, &"no host"))?,
             base_path: parts
                 .path_and_query
                 .map(|p| p.path().trim_end_matches('/').to_owned())
@@ -184,6 +180,13 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+fn bad_url(base: &str, reason: &dyn std::fmt::Display) -> StartError {
+    StartError::Config(ConfigError::Invalid {
+        field: "upstream".to_owned(),
+        reason: format!("{base:?} is not a usable URL: {reason}"),
+    })
 }
 
 #[cfg(test)]
