@@ -186,13 +186,21 @@ fn peer_codec(max: usize) -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// Sleeps `ms` with up to 25% jitter, or until shutdown. Returns false on shutdown.
-async fn backoff_sleep(ms: u64, shutdown: &CancellationToken) -> bool {
-    let jitter = rand::random_range(0..=ms / 4);
+/// Sleeps `delay`, or until shutdown. Returns false on shutdown.
+async fn sleep_unless_shutdown(delay: Duration, shutdown: &CancellationToken) -> bool {
     tokio::select! {
         () = shutdown.cancelled() => false,
-        () = tokio::time::sleep(Duration::from_millis(ms + jitter)) => true,
+        () = tokio::time::sleep(delay) => true,
     }
+}
+
+/// The reconnect delays of one peer link: the project's one backoff policy (exponential
+/// with jitter, see [`palisade_client::backoff`]), started afresh after each success.
+fn reconnect_delays() -> impl Iterator<Item = Duration> + Send {
+    palisade_client::backoff::delays(
+        Duration::from_millis(PEER_BACKOFF_MIN_MS),
+        Duration::from_millis(PEER_BACKOFF_MAX_MS),
+    )
 }
 
 async fn connect(
@@ -246,7 +254,7 @@ async fn run_writer(
     tls: Option<TlsConnector>,
     shutdown: CancellationToken,
 ) {
-    let mut backoff_ms = PEER_BACKOFF_MIN_MS;
+    let mut delays = reconnect_delays();
     let mut batch = Vec::with_capacity(PEER_BATCH_MAX);
     let mut was_connected = true; // log the first failure
     loop {
@@ -263,15 +271,17 @@ async fn run_writer(
                     debug!(peer_id = peer, %addr, cause = %err, "cannot connect to peer");
                     was_connected = false;
                 }
-                if !backoff_sleep(backoff_ms, &shutdown).await {
+                let delay = delays
+                    .next()
+                    .unwrap_or(Duration::from_millis(PEER_BACKOFF_MAX_MS));
+                if !sleep_unless_shutdown(delay, &shutdown).await {
                     return;
                 }
-                backoff_ms = (backoff_ms * 2).min(PEER_BACKOFF_MAX_MS);
                 continue;
             }
         };
         info!(peer_id = peer, %addr, "connected to peer");
-        backoff_ms = PEER_BACKOFF_MIN_MS;
+        delays = reconnect_delays();
         was_connected = true;
         connected.store(true, Ordering::Release);
         let mut probe = [0u8; 1];
@@ -343,7 +353,10 @@ async fn run_writer(
             }
         }
         connected.store(false, Ordering::Release);
-        if !backoff_sleep(backoff_ms, &shutdown).await {
+        let delay = delays
+            .next()
+            .unwrap_or(Duration::from_millis(PEER_BACKOFF_MAX_MS));
+        if !sleep_unless_shutdown(delay, &shutdown).await {
             return;
         }
     }
@@ -406,7 +419,9 @@ async fn run_listener(
             Ok(a) => a,
             Err(err) => {
                 warn!(cause = %err, "peer accept failed");
-                if !backoff_sleep(PEER_BACKOFF_MIN_MS, &shutdown).await {
+                if !sleep_unless_shutdown(Duration::from_millis(PEER_BACKOFF_MIN_MS), &shutdown)
+                    .await
+                {
                     break;
                 }
                 continue;
