@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use palisade_election::transport::{Hello, PROTOCOL_VERSION, PeerFrame};
 use prost::Message as _;
 use protobuf::Message as _;
 use raft::eraftpb::Message;
@@ -22,39 +23,8 @@ use rustls_pki_types::pem::PemObject as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-/// The peer protocol version nodes speak.
-pub const PROTOCOL_VERSION: u32 = 1;
-
 /// Longest a hostile exchange may take before the test calls it hung.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The first frame of a connection.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct Hello {
-    /// [`PROTOCOL_VERSION`].
-    #[prost(uint32, tag = "1")]
-    pub protocol: u32,
-    /// The id the caller claims.
-    #[prost(uint64, tag = "2")]
-    pub from: u64,
-    /// The callee's id.
-    #[prost(uint64, tag = "3")]
-    pub to: u64,
-}
-
-/// A raft message on the wire.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct PeerFrame {
-    /// Sender.
-    #[prost(uint64, tag = "1")]
-    pub from: u64,
-    /// Receiver.
-    #[prost(uint64, tag = "2")]
-    pub to: u64,
-    /// The raft message, protobuf-encoded.
-    #[prost(bytes = "vec", tag = "3")]
-    pub payload: Vec<u8>,
-}
 
 /// `body` behind its u32 big-endian length.
 pub fn frame(body: &[u8]) -> Vec<u8> {

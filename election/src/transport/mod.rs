@@ -83,8 +83,9 @@ impl PeerInbox {
 }
 
 /// One frame on a peer connection after the handshake: a raft message and its routing.
+/// Public, with [`Hello`], so that tests can speak the wire as a hostile peer would.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct PeerFrame {
+pub struct PeerFrame {
     /// Sender's raft id.
     #[prost(uint64, tag = "1")]
     pub from: u64,
@@ -98,7 +99,7 @@ pub(crate) struct PeerFrame {
 
 /// The first frame on every peer connection: who is calling whom.
 #[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct Hello {
+pub struct Hello {
     /// [`PROTOCOL_VERSION`].
     #[prost(uint32, tag = "1")]
     pub protocol: u32,
@@ -111,7 +112,7 @@ pub(crate) struct Hello {
 }
 
 /// Version of the peer protocol; a node refuses a handshake with another version.
-pub(crate) const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Why an incoming message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
