@@ -3,8 +3,10 @@
 //! proxy with no shared secret, and a caller without a certificate cannot.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
-use std::path::Path;
 use std::time::Duration;
+
+mod common;
+use common::issue;
 
 use palisade_client::{ClientTls, ProxyAdmin, Scope};
 use palisade_election::{Node, NodeConfig, NodeTls};
@@ -12,24 +14,6 @@ use palisade_proxy::{AdminTlsConfig, ProxyConfig};
 
 /// Longest wait for the single node to lead and announce.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A CA (`ca.pem`) and, per name, `NAME.pem`/`NAME.key` for `NAME` and 127.0.0.1.
-fn issue(dir: &Path, names: &[&str]) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = params.self_signed(&ca_key).unwrap();
-    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-    for name in names {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let params =
-            rcgen::CertificateParams::new(vec![(*name).to_owned(), "127.0.0.1".to_owned()])
-                .unwrap();
-        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
-    }
-}
 
 /// Goal: a node with TLS announces its token over https to an admin listener that
 /// requires client certificates, and the fence moves to the term; a caller without a
