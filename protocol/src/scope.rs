@@ -56,6 +56,11 @@ impl fmt::Display for ScopeError {
 
 impl std::error::Error for ScopeError {}
 
+/// Whether `b` may appear in a scope name: `[A-Za-z0-9._-]`.
+pub fn is_scope_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
+}
+
 impl Scope {
     /// Validates `name`.
     pub fn new(name: impl Into<String>) -> Result<Self, ScopeError> {
@@ -74,7 +79,7 @@ impl Scope {
         }
         match name
             .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+            .find(|&c| !u8::try_from(c).is_ok_and(is_scope_byte))
         {
             Some(found) => Err(ScopeError::BadChar {
                 scope: name.to_owned(),

@@ -19,6 +19,21 @@ pub const HEADER_BYTES_MIN: usize = 8192;
 /// shorter secret is most likely a placeholder.
 pub const ADMIN_TOKEN_BYTES_MIN: usize = 16;
 
+/// The safe methods (RFC 9110 §9.2.1) that are reads by default.
+pub const READ_METHODS_DEFAULT: [&str; 3] = ["GET", "HEAD", "OPTIONS"];
+/// The method-override headers in common use (Rails, Google APIs, ASP.NET).
+pub const METHOD_OVERRIDE_HEADERS_DEFAULT: [&str; 3] = [
+    "X-HTTP-Method-Override",
+    "X-HTTP-Method",
+    "X-Method-Override",
+];
+/// Default of `limits.body_buffer_bytes_max`: 32 MiB over all connections.
+pub const BODY_BUFFER_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
+/// Default of `limits.admin_connections_max`.
+pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 64;
+/// Default of `limits.admin_header_read_timeout_ms`.
+pub const ADMIN_HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+
 /// Why a configuration is unusable. Each message names the field.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -86,16 +101,35 @@ pub struct ProxyConfig {
     /// PEM file of CA certificates to trust for an `https://` upstream, instead of the
     /// platform's roots.
     pub upstream_ca: Option<PathBuf>,
-    /// Fence reads (GET, HEAD, ...) too, not just writes.
+    /// How the `Host` header reaches the upstream. `client` (the default) forwards the
+    /// client's `Host` unchanged, so a client that signs it (S3's SigV4) still verifies.
+    /// `upstream` replaces it with the upstream URL's authority, for an upstream that
+    /// routes by its own name.
+    pub upstream_host: UpstreamHost,
+    /// Peers whose `X-Forwarded-For` is kept and appended to. From any other peer the
+    /// header is replaced by the peer's own address, so a client cannot forge its origin.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Fence reads too, not just writes.
     pub fence_reads: bool,
-    /// Methods that count as writes. Default: POST, PUT, PATCH, DELETE.
-    pub write_methods: Vec<String>,
-    /// Whether a client may choose its scope with the `Fencing-Scope` header.
+    /// Methods that are reads (compared case-sensitively, as HTTP methods are). Every
+    /// other method, any case and any extension (`MOVE`, `COPY`, `put`...), is a fenced
+    /// write. Default: GET, HEAD, OPTIONS.
+    pub read_methods: Vec<String>,
+    /// Replaced by `read_methods`: kept only to refuse it with a message that says so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_methods: Option<Vec<String>>,
+    /// Headers that name the method a request really means (`X-HTTP-Method-Override:
+    /// DELETE` on a GET). A request carrying one is classified by the method it names.
+    pub method_override_headers: Vec<String>,
+    /// Whether a client may choose its scope with the `Fencing-Scope` header (off by
+    /// default: a client-chosen scope is not tied to the resource it writes, so it could
+    /// pick a scope whose fence is lower). Routes can restrict it to a prefix.
     pub client_scopes: bool,
     /// Remove `Fencing-Token` and `Fencing-Token-Proof` before forwarding (default:
-    /// forward them unchanged).
+    /// forward them unchanged, so a client that signed them still verifies).
     pub strip_token: bool,
-    /// Path prefix to scope. The longest matching prefix wins.
+    /// Path prefix to scope, matched on the normalised path. The longest matching
+    /// prefix wins.
     pub routes: Vec<Route>,
     /// TLS on the client listener. Absent: cleartext (HTTP/1.1 and h2c).
     pub tls: Option<TlsConfig>,
@@ -117,14 +151,53 @@ pub struct ProxyConfig {
     pub limits: Limits,
 }
 
-/// One route: requests whose path starts with `prefix` belong to `scope`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+/// One route: requests whose normalised path starts with `prefix` belong to its scope.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
 pub struct Route {
-    /// Path prefix, starting with `/`.
+    /// Path prefix, starting with `/`, compared with the normalised path (percent-decoded
+    /// unreserved characters, no dot segments, no repeated slashes).
     pub prefix: String,
-    /// Scope name, by the rule of [`Scope`]: 1-128 of `[A-Za-z0-9._-]`.
-    pub scope: String,
+    /// Scope name, by the rule of [`Scope`]: 1-128 of `[A-Za-z0-9._-]`. Exactly one of
+    /// `scope` and `scope_segment` is set.
+    pub scope: Option<String>,
+    /// Take the scope from this path segment (1 is the first), so that every S3 bucket
+    /// is its own scope with no configuration per bucket. A request with no such segment,
+    /// or one that is not a valid scope name, is refused with 400.
+    pub scope_segment: Option<usize>,
+    /// `read`: every request of the route is a read whatever its method (RPC-style APIs
+    /// whose reads are POSTs, such as etcd's `/v3/kv/range`). `write`: every request is
+    /// a fenced write. Absent: by method.
+    pub class: Option<RouteClass>,
+    /// Match the prefix without regard to ASCII case (for storage that ignores case).
+    pub case_insensitive: bool,
+    /// With `client_scopes = true`: a `Fencing-Scope` on this route must start with this
+    /// prefix, and then names the scope. Absent: the route's scope is the only one.
+    pub client_scope_prefix: Option<String>,
+    /// Allow `Upgrade` requests (WebSocket and the like) on this route. They are fenced
+    /// writes unless `class = "read"`. Off: an upgrade is refused with 405.
+    pub upgrade: bool,
+}
+
+/// A route's fixed classification.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteClass {
+    /// Every request of the route is a read.
+    Read,
+    /// Every request of the route is a fenced write.
+    Write,
+}
+
+/// How the `Host` header reaches the upstream.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamHost {
+    /// Forward the client's `Host` unchanged.
+    #[default]
+    Client,
+    /// Replace it with the upstream URL's authority.
+    Upstream,
 }
 
 /// TLS for the client listener, from PEM files.
@@ -155,17 +228,32 @@ pub struct AdminTlsConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
-    /// Client connections open at once; further accepts wait for a free slot.
+    /// Client connections open at once. At the limit, connections that are idle or have
+    /// not sent a request head yet are closed to make room; if none is, accepts wait.
     pub connections_max: usize,
-    /// Time a client has to send a complete request head (HTTP/1), in milliseconds.
+    /// Time a client has to send a complete request head, counted from accept (or from
+    /// the end of the previous response on a keep-alive connection), in milliseconds.
     pub header_read_timeout_ms: u64,
     /// Largest request head (HTTP/1 buffer; HTTP/2 header list), in bytes. Larger: 431.
     pub header_bytes_max: usize,
-    /// Largest request body, in bytes. Larger: 413. Bodies are read whole before a write
-    /// is admitted, so a slow client never holds a scope's barrier.
-    pub body_bytes_max: u64,
-    /// Time a client has to send its whole body, in milliseconds. Slower: 408.
-    pub body_read_timeout_ms: u64,
+    /// Keep-alive connections idle for this long are closed, in milliseconds. At
+    /// `connections_max`, idle ones are closed first anyway, so new clients are served.
+    pub keepalive_timeout_ms: u64,
+    /// Largest request body, in bytes; larger: 413. Absent (the default): no cap, since
+    /// bodies stream to the upstream after admission and are never held whole.
+    pub body_bytes_max: Option<u64>,
+    /// Time a body may go without progress (no bytes from the client), in milliseconds.
+    /// Slower: the request is cut off (408 when no answer has been sent yet).
+    pub body_idle_timeout_ms: u64,
+    /// Body bytes held by the proxy at once, over all connections: read from clients but
+    /// not yet taken by the upstream. At the cap, connections wait before reading more.
+    pub body_buffer_bytes_max: u64,
+    /// Connections open at once on the admin listener. Its own limit, so the data port
+    /// cannot lock the operator or the announce out.
+    pub admin_connections_max: usize,
+    /// Time an admin connection has to send a request head, counted from accept, in
+    /// milliseconds. Short: an admin client sends its request at once.
+    pub admin_header_read_timeout_ms: u64,
     /// Time to get a connection to the upstream (a free slot under
     /// `upstream_requests_max`, then the TCP and TLS handshake), in milliseconds.
     pub upstream_connect_timeout_ms: u64,
@@ -181,9 +269,11 @@ pub struct Limits {
     pub barrier_timeout_ms: u64,
     /// On SIGTERM/SIGINT, how long in-flight requests may run before the proxy exits.
     pub drain_timeout_ms: u64,
-    /// Distinct fencing scopes the proxy will remember.
+    /// Distinct fencing scopes the proxy will remember. `default` and the scopes named by
+    /// routes are always available; past the limit a new scope is refused (507).
     pub scopes_max: usize,
-    /// Largest object in the embedded store, in bytes.
+    /// Largest object in the embedded store, in bytes (it holds objects whole); larger:
+    /// 413 naming this limit. Not a limit on an HTTP upstream's bodies.
     pub object_bytes_max: u64,
     /// Concurrent HTTP/2 streams per client connection.
     pub h2_streams_max: u32,
@@ -195,8 +285,12 @@ impl Default for Limits {
             connections_max: 1024,
             header_read_timeout_ms: 10_000,
             header_bytes_max: 16 * 1024,
-            body_bytes_max: palisade_storage::OBJECT_BYTES_MAX_DEFAULT,
-            body_read_timeout_ms: 30_000,
+            keepalive_timeout_ms: 60_000,
+            body_bytes_max: None,
+            body_idle_timeout_ms: 30_000,
+            body_buffer_bytes_max: BODY_BUFFER_BYTES_MAX_DEFAULT,
+            admin_connections_max: ADMIN_CONNECTIONS_MAX_DEFAULT,
+            admin_header_read_timeout_ms: ADMIN_HEADER_READ_TIMEOUT_MS_DEFAULT,
             upstream_connect_timeout_ms: 5_000,
             upstream_timeout_ms: 30_000,
             upstream_idle_per_host: 64,
@@ -218,12 +312,19 @@ impl Default for ProxyConfig {
             data_dir: PathBuf::from("palisade-proxy-data"),
             upstream: None,
             upstream_ca: None,
+            upstream_host: UpstreamHost::Client,
+            trusted_proxies: Vec::new(),
             fence_reads: false,
-            write_methods: ["POST", "PUT", "PATCH", "DELETE"]
+            read_methods: READ_METHODS_DEFAULT
                 .iter()
                 .map(ToString::to_string)
                 .collect(),
-            client_scopes: true,
+            write_methods: None,
+            method_override_headers: METHOD_OVERRIDE_HEADERS_DEFAULT
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            client_scopes: false,
             strip_token: false,
             routes: Vec::new(),
             tls: None,
@@ -281,25 +382,83 @@ impl ProxyConfig {
         if self.upstream_ca.is_some() && self.upstream.is_none() {
             return Err(invalid("upstream_ca", "set, but there is no upstream"));
         }
-        if self.write_methods.is_empty() {
-            return Err(invalid("write_methods", "must name at least one method"));
+        if self.write_methods.is_some() {
+            return Err(invalid(
+                "write_methods",
+                "replaced by read_methods: every method not listed in read_methods is a fenced write",
+            ));
         }
-        for m in &self.write_methods {
+        for m in &self.read_methods {
             http::Method::from_bytes(m.as_bytes())
-                .map_err(|_| invalid("write_methods", format!("{m:?} is not an HTTP method")))?;
+                .map_err(|_| invalid("read_methods", format!("{m:?} is not an HTTP method")))?;
+            if m.eq_ignore_ascii_case("CONNECT") {
+                return Err(invalid(
+                    "read_methods",
+                    "CONNECT opens a tunnel; it cannot be a read",
+                ));
+            }
+        }
+        for h in &self.method_override_headers {
+            http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                invalid(
+                    "method_override_headers",
+                    format!("{h:?} is not a header name"),
+                )
+            })?;
         }
         for (i, r) in self.routes.iter().enumerate() {
+            let field = |name: &str| format!("routes[{i}].{name}");
             if !r.prefix.starts_with('/') {
                 return Err(invalid(
-                    format!("routes[{i}].prefix"),
+                    field("prefix"),
                     format!("{:?} must start with /", r.prefix),
                 ));
             }
-            Scope::check(&r.scope)
-                .map_err(|reason| invalid(format!("routes[{i}].scope"), reason.to_string()))?;
-            if self.routes[..i].iter().any(|o| o.prefix == r.prefix) {
+            match (&r.scope, r.scope_segment) {
+                (Some(scope), None) => Scope::check(scope)
+                    .map_err(|reason| invalid(field("scope"), reason.to_string()))?,
+                (None, Some(0)) => {
+                    return Err(invalid(field("scope_segment"), "segments count from 1"));
+                }
+                (None, Some(_)) => {}
+                (Some(_), Some(_)) => {
+                    return Err(invalid(
+                        field("scope"),
+                        "set either scope or scope_segment, not both",
+                    ));
+                }
+                (None, None) => {
+                    return Err(invalid(
+                        field("scope"),
+                        "a route needs scope or scope_segment",
+                    ));
+                }
+            }
+            if let Some(prefix) = &r.client_scope_prefix {
+                if !self.client_scopes {
+                    return Err(invalid(
+                        field("client_scope_prefix"),
+                        "set, but client_scopes is false",
+                    ));
+                }
+                if prefix.is_empty() || !prefix.bytes().all(palisade_protocol::scope::is_scope_byte)
+                {
+                    return Err(invalid(
+                        field("client_scope_prefix"),
+                        format!("{prefix:?} must be a non-empty start of a scope name"),
+                    ));
+                }
+            }
+            let same = |o: &Route| {
+                if r.case_insensitive || o.case_insensitive {
+                    o.prefix.eq_ignore_ascii_case(&r.prefix)
+                } else {
+                    o.prefix == r.prefix
+                }
+            };
+            if self.routes[..i].iter().any(same) {
                 return Err(invalid(
-                    format!("routes[{i}].prefix"),
+                    field("prefix"),
                     format!("{:?} appears twice", r.prefix),
                 ));
             }
@@ -316,9 +475,9 @@ impl ProxyConfig {
         self.limits.validate()
     }
 
-    /// The write methods, parsed. Call after [`validate`](Self::validate).
-    pub(crate) fn write_methods(&self) -> Vec<http::Method> {
-        self.write_methods
+    /// The read methods, parsed. Call after [`validate`](Self::validate).
+    pub(crate) fn read_methods(&self) -> Vec<http::Method> {
+        self.read_methods
             .iter()
             .filter_map(|m| http::Method::from_bytes(m.as_bytes()).ok())
             .collect()
@@ -330,7 +489,17 @@ impl Limits {
         let positive = [
             ("limits.connections_max", self.connections_max as u64),
             ("limits.header_read_timeout_ms", self.header_read_timeout_ms),
-            ("limits.body_read_timeout_ms", self.body_read_timeout_ms),
+            ("limits.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("limits.body_idle_timeout_ms", self.body_idle_timeout_ms),
+            ("limits.body_buffer_bytes_max", self.body_buffer_bytes_max),
+            (
+                "limits.admin_connections_max",
+                self.admin_connections_max as u64,
+            ),
+            (
+                "limits.admin_header_read_timeout_ms",
+                self.admin_header_read_timeout_ms,
+            ),
             (
                 "limits.upstream_connect_timeout_ms",
                 self.upstream_connect_timeout_ms,
@@ -357,6 +526,12 @@ impl Limits {
                     "{} is below the minimum of {HEADER_BYTES_MIN}",
                     self.header_bytes_max
                 ),
+            ));
+        }
+        if self.body_bytes_max == Some(0) {
+            return Err(invalid(
+                "limits.body_bytes_max",
+                "must be greater than 0 (leave it out for no cap)",
             ));
         }
         if u32::try_from(self.header_bytes_max).is_err() {
@@ -402,7 +577,8 @@ mod tests {
         let c = ProxyConfig {
             routes: vec![Route {
                 prefix: "/a".into(),
-                scope: "bad scope".into(),
+                scope: Some("bad scope".into()),
+                ..Route::default()
             }],
             ..ProxyConfig::default()
         };
@@ -411,7 +587,8 @@ mod tests {
         let c = ProxyConfig {
             routes: vec![Route {
                 prefix: "/a".into(),
-                scope: "x".repeat(palisade_protocol::SCOPE_BYTES_MAX + 1),
+                scope: Some("x".repeat(palisade_protocol::SCOPE_BYTES_MAX + 1)),
+                ..Route::default()
             }],
             ..ProxyConfig::default()
         };

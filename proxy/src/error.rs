@@ -63,6 +63,30 @@ pub enum ProxyError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A path whose meaning depends on how it is decoded (`%2F`, `%00`, a dot segment
+    /// above the root, bad percent-encoding): refused, since the storage might read it
+    /// differently from the route that fenced it.
+    #[error("ambiguous path: {reason}")]
+    BadPath {
+        /// What is ambiguous about it.
+        reason: String,
+    },
+    /// CONNECT, or an upgrade on a route that does not allow it.
+    #[error("{reason}")]
+    NotTunnelled {
+        /// Why the tunnel is refused, and how to allow it where that is possible.
+        reason: String,
+    },
+    /// `limits.scopes_max` scopes exist and the request names a new one.
+    #[error(
+        "scope {scope} is new, and the proxy already remembers its limit of {scopes_max} scopes (limits.scopes_max)"
+    )]
+    ScopesFull {
+        /// The new scope.
+        scope: String,
+        /// The limit.
+        scopes_max: usize,
+    },
     /// The token is below the scope's fence.
     #[error("stale fencing token {presented} for scope {scope}: current is {current}")]
     Stale {
@@ -160,6 +184,9 @@ impl ProxyError {
             | Self::InvalidProof { .. }
             | Self::BadToken { .. }
             | Self::BadScope { .. }
+            | Self::BadPath { .. }
+            | Self::NotTunnelled { .. }
+            | Self::ScopesFull { .. }
             | Self::Stale { .. }
             | Self::BodyTooLarge { .. }
             | Self::BodyTimeout { .. }
@@ -182,9 +209,12 @@ impl ProxyError {
             Self::MissingProof { .. } | Self::InvalidProof { .. } => StatusCode::UNAUTHORIZED,
             Self::BadToken { .. }
             | Self::BadScope { .. }
+            | Self::BadPath { .. }
             | Self::BadRequest(_)
             | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
             Self::Stale { .. } => StatusCode::CONFLICT,
+            Self::NotTunnelled { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::ScopesFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
             Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } | Self::Unavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -206,6 +236,9 @@ impl ProxyError {
             Self::InvalidProof { .. } => "invalid-proof",
             Self::BadToken { .. } => "bad-token",
             Self::BadScope { .. } => "bad-scope",
+            Self::BadPath { .. } => "bad-path",
+            Self::NotTunnelled { .. } => "tunnel-refused",
+            Self::ScopesFull { .. } => "scopes-full",
             Self::Stale { .. } => "stale-token",
             Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } => "barrier-timeout",
             Self::BodyTooLarge { .. } => "body-too-large",

@@ -50,6 +50,7 @@ pub mod failpoints;
 mod fencing;
 pub mod metrics;
 mod proof;
+mod routing;
 mod server;
 mod service;
 mod tls;
@@ -66,7 +67,8 @@ use tokio::task::JoinSet;
 
 pub use auth::{ADMIN_TOKEN_FILE_BYTES_MAX, AuthError};
 pub use config::{
-    ADMIN_TOKEN_BYTES_MIN, AdminTlsConfig, ConfigError, Limits, ProxyConfig, Route, TlsConfig,
+    ADMIN_TOKEN_BYTES_MIN, AdminTlsConfig, ConfigError, Limits, ProxyConfig, Route, RouteClass,
+    TlsConfig, UpstreamHost,
 };
 pub use embedded::LIST_KEYS_MAX;
 pub use error::{Cause, ProxyError};

@@ -8,17 +8,18 @@ use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Incoming};
-use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_PROOF};
+use palisade_protocol::headers::{FENCING_TOKEN, FENCING_TOKEN_PROOF};
+use palisade_protocol::parse_token_header;
 use palisade_protocol::process::events;
-use palisade_protocol::{DEFAULT_SCOPE, Scope, parse_token_header};
 use palisade_storage::ObjectStore;
 
 use crate::body::ProxyBody;
-use crate::config::{ProxyConfig, Route};
+use crate::config::ProxyConfig;
 use crate::error::{Cause, ProxyError};
 use crate::fencing::Fencer;
 use crate::metrics as m;
 use crate::proof::ProofVerifier;
+use crate::routing::{Class, Classifier};
 use crate::server::Peer;
 use crate::upstream::HttpUpstream;
 
@@ -36,13 +37,11 @@ pub(crate) struct Shared {
     pub(crate) backend: Backend,
     /// Checks token proofs, when `token_pub` is set.
     proofs: Option<Arc<ProofVerifier>>,
-    write_methods: Vec<Method>,
-    /// Routes, longest prefix first, so the first match is the most specific.
-    routes: Vec<Route>,
+    /// Read or write, and the scope, from the request head.
+    classifier: Classifier,
     fence_reads: bool,
-    client_scopes: bool,
     strip_token: bool,
-    body_bytes_max: u64,
+    body_bytes_max: Option<u64>,
     body_read_timeout: Duration,
 }
 
@@ -53,35 +52,15 @@ impl Shared {
         proofs: Option<Arc<ProofVerifier>>,
         backend: Backend,
     ) -> Self {
-        let mut routes = config.routes.clone();
-        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
         Self {
             fencer,
             backend,
             proofs,
-            write_methods: config.write_methods(),
-            routes,
+            classifier: Classifier::new(config),
             fence_reads: config.fence_reads,
-            client_scopes: config.client_scopes,
             strip_token: config.strip_token,
             body_bytes_max: config.limits.body_bytes_max,
-            body_read_timeout: Duration::from_millis(config.limits.body_read_timeout_ms),
-        }
-    }
-}
-
-/// Read or write, as the configured write methods decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Read,
-    Write,
-}
-
-impl Class {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Read => "read",
-            Self::Write => "write",
+            body_read_timeout: Duration::from_millis(config.limits.body_idle_timeout_ms),
         }
     }
 }
@@ -109,16 +88,11 @@ pub(crate) async fn handle(
 ) -> Result<Response<ProxyBody>, std::convert::Infallible> {
     let started = Instant::now();
     let method = request.method().clone();
-    let class = if shared.write_methods.contains(&method) {
-        Class::Write
-    } else {
-        Class::Read
-    };
     let mut ctx = Ctx {
         started,
-        fenced: class == Class::Write || shared.fence_reads,
+        fenced: false,
         method,
-        class,
+        class: Class::Write,
         scope: String::new(),
         token: None,
         raised: false,
@@ -137,7 +111,10 @@ async fn run_phases(
     // Phase: parse and classify. Scope and token come from the head alone, so bad
     // requests are refused before their body is read.
     let (mut parts, body) = request.into_parts();
-    ctx.scope = resolve_scope(&shared, parts.uri.path(), &parts.headers)?;
+    let decision = shared.classifier.classify(&parts)?;
+    ctx.class = decision.class;
+    ctx.fenced = decision.class == Class::Write || shared.fence_reads;
+    ctx.scope = decision.scope;
     ctx.token = token_of(&parts.headers)?;
     if ctx.fenced && ctx.token.is_none() {
         return Err(ProxyError::MissingToken);
@@ -282,54 +259,15 @@ fn count_forwarded(class: Class) {
     }
 }
 
-/// The request's scope: its route's, else the client's `Fencing-Scope` (if allowed),
-/// else `default`. A `Fencing-Scope` that contradicts the route, or that is sent when
-/// client scopes are off, is refused rather than silently ignored.
-fn resolve_scope(shared: &Shared, path: &str, headers: &HeaderMap) -> Result<String, ProxyError> {
-    let mut values = headers.get_all(FENCING_SCOPE).iter();
-    let header = match (values.next(), values.next()) {
-        (None, _) => None,
-        (Some(_), Some(_)) => {
-            return Err(ProxyError::BadScope {
-                reason: "Fencing-Scope header is repeated".to_owned(),
-            });
-        }
-        (Some(v), None) => Some(v.to_str().map_err(|_| ProxyError::BadScope {
-            reason: "Fencing-Scope is not ASCII".to_owned(),
-        })?),
-    };
-    let route = shared.routes.iter().find(|r| path.starts_with(&r.prefix));
-    let scope = match (route, header) {
-        (Some(route), Some(h)) if h != route.scope => {
-            return Err(ProxyError::BadScope {
-                reason: format!(
-                    "Fencing-Scope {h:?} contradicts scope {:?} of route {:?}",
-                    route.scope, route.prefix
-                ),
-            });
-        }
-        (Some(route), _) => route.scope.clone(),
-        (None, Some(_)) if !shared.client_scopes => {
-            return Err(ProxyError::BadScope {
-                reason: "client-chosen scopes are disabled (client_scopes = false)".to_owned(),
-            });
-        }
-        (None, Some(h)) => h.to_owned(),
-        (None, None) => DEFAULT_SCOPE.to_owned(),
-    };
-    Scope::check(&scope).map_err(|reason| ProxyError::BadScope {
-        reason: reason.to_string(),
-    })?;
-    Ok(scope)
-}
-
 /// The request's `Fencing-Token`, parsed by the protocol's one rule; a bad one is 400.
 fn token_of(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
     parse_token_header(headers).map_err(|reason| ProxyError::BadToken { reason })
 }
 
 async fn read_body(shared: &Shared, body: Incoming) -> Result<Bytes, ProxyError> {
-    let max = shared.body_bytes_max;
+    let max = shared
+        .body_bytes_max
+        .unwrap_or(palisade_storage::OBJECT_BYTES_MAX_DEFAULT);
     if body.size_hint().lower() > max {
         return Err(ProxyError::BodyTooLarge { max });
     }
@@ -383,67 +321,5 @@ mod tests {
         );
         let err = token_of(&headers(&[(FENCING_TOKEN, "1"), (FENCING_TOKEN, "1")])).unwrap_err();
         assert!(err.to_string().contains("repeated"), "{err}");
-    }
-
-    fn shared(routes: Vec<Route>, client_scopes: bool) -> Shared {
-        let dir = tempfile::tempdir().unwrap();
-        let db = palisade_storage::open_database(&dir.path().join("x.redb")).unwrap();
-        let register = palisade_storage::FenceRegister::open(db.clone(), 10).unwrap();
-        let store = ObjectStore::open(db, 10).unwrap();
-        let config = ProxyConfig {
-            client_scopes,
-            routes,
-            ..ProxyConfig::default()
-        };
-        Shared::new(
-            &config,
-            Arc::new(Fencer::new(register, Duration::from_secs(1))),
-            None,
-            Backend::Embedded(store),
-        )
-    }
-
-    /// Goal: the longest matching route decides the scope; a client scope is taken only
-    /// where no route applies, and must follow the scope rule.
-    /// Method: resolve paths and headers against two nested routes.
-    #[test]
-    fn scope_resolution_prefers_the_longest_route() {
-        let s = shared(
-            vec![
-                Route {
-                    prefix: "/a".into(),
-                    scope: "short".into(),
-                },
-                Route {
-                    prefix: "/a/b".into(),
-                    scope: "long".into(),
-                },
-            ],
-            true,
-        );
-        assert_eq!(resolve_scope(&s, "/a/b/c", &headers(&[])).unwrap(), "long");
-        assert_eq!(resolve_scope(&s, "/a/x", &headers(&[])).unwrap(), "short");
-        assert_eq!(
-            resolve_scope(&s, "/z", &headers(&[])).unwrap(),
-            DEFAULT_SCOPE
-        );
-        assert_eq!(
-            resolve_scope(&s, "/z", &headers(&[(FENCING_SCOPE, "mine")])).unwrap(),
-            "mine"
-        );
-        assert!(resolve_scope(&s, "/a/b", &headers(&[(FENCING_SCOPE, "mine")])).is_err());
-        assert!(resolve_scope(&s, "/z", &headers(&[(FENCING_SCOPE, "no spaces")])).is_err());
-    }
-
-    /// Goal: with `client_scopes = false` a `Fencing-Scope` is refused, not ignored.
-    /// Method: resolve with and without the header.
-    #[test]
-    fn client_scopes_can_be_disabled() {
-        let s = shared(vec![], false);
-        assert!(resolve_scope(&s, "/z", &headers(&[(FENCING_SCOPE, "mine")])).is_err());
-        assert_eq!(
-            resolve_scope(&s, "/z", &headers(&[])).unwrap(),
-            DEFAULT_SCOPE
-        );
     }
 }
