@@ -102,7 +102,7 @@ pub struct ProxyConfig {
     /// platform's roots.
     pub upstream_ca: Option<PathBuf>,
     /// How the `Host` header reaches the upstream. `client` (the default) forwards the
-    /// client's `Host` unchanged, so a client that signs it (S3's SigV4) still verifies.
+    /// client's `Host` unchanged, so a client that signs it (S3's `SigV4`) still verifies.
     /// `upstream` replaces it with the upstream URL's authority, for an upstream that
     /// routes by its own name.
     pub upstream_host: UpstreamHost,
@@ -414,6 +414,27 @@ impl ProxyConfig {
                     format!("{:?} must start with /", r.prefix),
                 ));
             }
+            // Routes match the normalised path, so a prefix in any other spelling could
+            // never match and would silently route nothing.
+            match crate::routing::normalise(&r.prefix) {
+                Ok(normal) if normal == r.prefix => {}
+                Ok(normal) => {
+                    return Err(invalid(
+                        field("prefix"),
+                        format!(
+                            "{:?} is not normalised: write it as {normal:?} (requests are \
+                             matched on their normalised path)",
+                            r.prefix
+                        ),
+                    ));
+                }
+                Err(err) => {
+                    return Err(invalid(
+                        field("prefix"),
+                        format!("{:?} can never match: {err}", r.prefix),
+                    ));
+                }
+            }
             match (&r.scope, r.scope_segment) {
                 (Some(scope), None) => Scope::check(scope)
                     .map_err(|reason| invalid(field("scope"), reason.to_string()))?,
@@ -597,6 +618,26 @@ mod tests {
             err.contains("routes[0].scope") && err.contains("129 bytes"),
             "{err}"
         );
+
+        for (prefix, want) in [
+            ("/%62illing/", "\"/billing/\""),
+            ("//a", "\"/a\""),
+            ("/a%2Fb", "never match"),
+        ] {
+            let c = ProxyConfig {
+                routes: vec![Route {
+                    prefix: prefix.into(),
+                    scope: Some("a".into()),
+                    ..Route::default()
+                }],
+                ..ProxyConfig::default()
+            };
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("routes[0].prefix") && err.contains(want),
+                "{err}"
+            );
+        }
 
         let c = ProxyConfig {
             upstream: Some("ftp://x".into()),

@@ -213,7 +213,6 @@ impl ProxyError {
             | Self::BadRequest(_)
             | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
             Self::Stale { .. } => StatusCode::CONFLICT,
-            Self::NotTunnelled { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::ScopesFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
             Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } | Self::Unavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -221,7 +220,9 @@ impl ProxyError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::NotTunnelled { .. } | Self::MethodNotAllowed { .. } => {
+                StatusCode::METHOD_NOT_ALLOWED
+            }
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,

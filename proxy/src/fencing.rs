@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use palisade_protocol::process::events;
-use palisade_storage::{Advance, FenceRegister};
+use palisade_storage::{Advance, AdvanceError, FenceRegister};
 use tokio::sync::Notify;
 
 use crate::error::ProxyError;
@@ -228,7 +228,7 @@ impl Fencer {
         })
         .await
         .map_err(|e| ProxyError::Storage(format!("fence reset task failed: {e}")))?
-        .map_err(|e| ProxyError::Storage(e.to_string()))
+        .map_err(advance_error)
     }
 
     /// Removes the scope's entry if nothing is in flight and no reset holds it.
@@ -247,7 +247,7 @@ impl Fencer {
         let advance = tokio::task::spawn_blocking(move || register.advance(&scope_owned, token))
             .await
             .map_err(|e| ProxyError::Storage(format!("fence advance task failed: {e}")))?
-            .map_err(|e| ProxyError::Storage(e.to_string()))?;
+            .map_err(advance_error)?;
         fail::fail_point!("proxy-after-fence-commit");
         match advance {
             Advance::Raised { previous } => {
@@ -343,6 +343,17 @@ impl Fencer {
 
 fn elapsed_ms(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The register's refusal as the proxy's: a full scope table is the client's doing (it
+/// named a new scope) and says so with 507, not a storage failure.
+fn advance_error(err: AdvanceError) -> ProxyError {
+    match err {
+        AdvanceError::ScopeLimit { scope, scopes_max } => {
+            ProxyError::ScopesFull { scope, scopes_max }
+        }
+        err => ProxyError::Storage(err.to_string()),
+    }
 }
 
 fn stale(scope: &str, presented: u64, current: u64) -> ProxyError {
@@ -503,5 +514,28 @@ mod tests {
         drop(held);
         assert!(!f.admit("s", 4).await.unwrap().raised);
         assert!(!f.inflight.contains_key("s"));
+    }
+
+    /// Goal: a new scope past `scopes_max` is a 507 scopes-full that names the limit and
+    /// leaves nothing in flight, while a reserved scope still rises.
+    /// Method: a register of one scope with `default` reserved; admit `a`, then `b`,
+    /// then `default`.
+    #[tokio::test]
+    async fn full_scope_table_is_507_and_reserved_scopes_still_rise() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = palisade_storage::open_database(&dir.path().join("f.redb")).unwrap();
+        let register = FenceRegister::open_reserved(db, 1, ["default".to_owned()]).unwrap();
+        let f = Arc::new(Fencer::new(register, Duration::from_secs(1)));
+        drop(f.admit("a", 1).await.unwrap());
+        let err = f.admit("b", 1).await.err().unwrap();
+        assert!(
+            matches!(&err, ProxyError::ScopesFull { scope, scopes_max: 1 } if scope == "b"),
+            "{err:?}"
+        );
+        assert_eq!(err.status(), http::StatusCode::INSUFFICIENT_STORAGE);
+        assert_eq!(err.reason(), "scopes-full");
+        assert!(err.to_string().contains("limits.scopes_max"), "{err}");
+        assert!(!f.inflight.contains_key("b"));
+        assert!(f.admit("default", 2).await.unwrap().raised);
     }
 }

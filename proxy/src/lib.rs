@@ -159,7 +159,13 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     let limits = &config.limits;
     let database = config.data_dir.join(DATABASE_FILE);
     let db = palisade_storage::open_database(&database)?;
-    let register = palisade_storage::FenceRegister::open(Arc::clone(&db), limits.scopes_max)?;
+    // `default` and the routes' scopes never count against `limits.scopes_max`, so no
+    // flood of client-named scopes can lock them out.
+    let register = palisade_storage::FenceRegister::open_reserved(
+        Arc::clone(&db),
+        limits.scopes_max,
+        routing::Classifier::new(&config).reserved_scopes(),
+    )?;
     let backend = match &config.upstream {
         Some(url) => Backend::Http(Box::new(upstream::HttpUpstream::new(url, &config)?)),
         None => Backend::Embedded(palisade_storage::ObjectStore::open(

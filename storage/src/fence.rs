@@ -19,10 +19,17 @@
 //! a forged or mistaken raise. It is durable like a raise, under the same per-scope lock;
 //! the caller (the proxy) makes sure no request of the scope is in flight meanwhile.
 //!
+//! # Scope limit
+//! New scopes are bounded by `scopes_max`, so that clients naming scopes cannot grow the
+//! register without end. Reserved scopes (given at open: the proxy's `default` and the
+//! scopes its routes name) are always available: they are not counted against the limit,
+//! so a flood of other scopes can never lock them out.
+//!
 //! One register must own the fence table of a database: two registers on the same file
 //! would each trust their own memory, and the second would trip the paired assertion
 //! that the fence never moves down.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -127,11 +134,13 @@ struct Shared {
     /// Scope to fence. Entries are never removed, so an `Arc` taken out of the map
     /// always remains the scope's one fence.
     scopes: DashMap<String, Arc<ScopeFence>>,
-    /// Number of entries in `scopes`. Counted separately so that reserving a slot and
-    /// checking the bound is one atomic step.
+    /// Number of entries in `scopes` that are not reserved. Counted separately so that
+    /// reserving a slot and checking the bound is one atomic step.
     scopes_len: AtomicUsize,
     /// Bound on `scopes_len` for new scopes; scopes loaded at open are kept even above it.
     scopes_max: usize,
+    /// Scopes that are always available and not counted in `scopes_len`.
+    reserved: HashSet<String>,
 }
 
 /// Scope to highest admitted token. Cheap to clone; shared by all tasks.
@@ -147,6 +156,17 @@ pub struct FenceRegister {
 impl FenceRegister {
     /// Loads every scope from `db` into memory. `scopes_max` bounds new scopes.
     pub fn open(db: Arc<redb::Database>, scopes_max: usize) -> Result<Self, crate::OpenError> {
+        Self::open_reserved(db, scopes_max, std::iter::empty::<String>())
+    }
+
+    /// [`open`](Self::open), with `reserved` scopes that are always available: they are
+    /// not counted against `scopes_max`, so no number of other scopes can lock them out.
+    pub fn open_reserved(
+        db: Arc<redb::Database>,
+        scopes_max: usize,
+        reserved: impl IntoIterator<Item = String>,
+    ) -> Result<Self, crate::OpenError> {
+        let reserved: HashSet<String> = reserved.into_iter().collect();
         let scopes = DashMap::new();
         {
             let txn = db.begin_read().map_err(load_error)?;
@@ -166,14 +186,25 @@ impl FenceRegister {
                 Err(err) => return Err(load_error(err)),
             }
         }
-        let scopes_len = AtomicUsize::new(scopes.len());
-        tracing::debug!(scopes = scopes.len(), scopes_max, "fence register loaded");
+        let counted = scopes
+            .iter()
+            .filter(|entry| !reserved.contains(entry.key()))
+            .count();
+        let scopes_len = AtomicUsize::new(counted);
+        tracing::debug!(
+            scopes = scopes.len(),
+            counted,
+            reserved = reserved.len(),
+            scopes_max,
+            "fence register loaded"
+        );
         Ok(Self {
             shared: Arc::new(Shared {
                 db,
                 scopes,
                 scopes_len,
                 scopes_max,
+                reserved,
             }),
         })
     }
@@ -296,10 +327,14 @@ impl FenceRegister {
     }
 
     /// Adds `scope` with fence 0, or returns the entry a concurrent caller just added.
+    /// A reserved scope takes no slot of `scopes_max`.
     fn insert_scope(&self, scope: &str) -> Result<Arc<ScopeFence>, AdvanceError> {
         let shared = &self.shared;
         match shared.scopes.entry(scope.to_owned()) {
             Entry::Occupied(entry) => Ok(Arc::clone(entry.get())),
+            Entry::Vacant(entry) if shared.reserved.contains(scope) => Ok(Arc::clone(
+                entry.insert(Arc::new(ScopeFence::new(0))).value(),
+            )),
             Entry::Vacant(entry) => {
                 let reserved =
                     shared

@@ -46,12 +46,13 @@ fn static_client(proxy: &ProxyProcess, token: u64) -> (Arc<StaticToken>, FencedC
 
 /// Goal: the client attaches its token and scope; the embedded store records the token,
 /// a GET reports it, and the scope's fence is at it. Method: a client with a static
-/// token 3 and scope `billing` puts, gets and deletes; read both scopes' fences.
+/// token 3 and scope `billing` puts, gets and deletes (to a proxy with client scopes
+/// on); read both scopes' fences.
 #[tokio::test]
 async fn token_is_attached_and_recorded_by_the_store() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let proxy = start_proxy(dir.path(), &[]);
+    let proxy = start_proxy(dir.path(), &["--client-scopes"]);
     let client = FencedClient::builder(&proxy.url(""), Arc::new(StaticToken::new(3)))
         .scope("billing")
         .build()

@@ -10,6 +10,8 @@
 //! # Layout
 //! - `proxy_fencing`: the proxy's fencing rules against a recording upstream, restarts
 //!   and `kill -9`.
+//! - `proxy_routing`: classification that fails closed: path spellings, methods, scope
+//!   tricks and the scope limit, with nothing forwarded.
 //! - `proxy_transport`: body and header limits, slow clients, TLS, h2c, graceful shutdown.
 //! - `election_process`: elections among `palisade node` processes: pauses, kills,
 //!   transfer, resign, long poll, configuration errors.
@@ -31,6 +33,7 @@ mod demo;
 mod election_announce;
 mod election_process;
 mod proxy_fencing;
+mod proxy_routing;
 mod proxy_transport;
 mod trust_admin;
 mod trust_peers;

@@ -120,13 +120,18 @@ async fn higher_token_advance_survives_restart_and_kill9() {
 
 /// Goal: a missing token is 428; a malformed, negative, overflowing or repeated token is
 /// 400; a bad scope is 400; all as problem+json, and none of them reaches the upstream.
-/// Method: raw requests with exactly those headers; then what arrived upstream.
+/// Method: raw requests with exactly those headers, to a proxy with client scopes on (so
+/// that the scope rule, not the switch, refuses the bad scopes); then what arrived
+/// upstream.
 #[tokio::test]
 async fn malformed_requests_get_their_status_and_nothing_is_forwarded() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
+    let proxy = start_proxy(
+        dir.path(),
+        &["--upstream", &upstream.url(), "--client-scopes"],
+    );
     let url = proxy.url("/k");
 
     let missing = send(Method::PUT, &url, &[], "x").await;
@@ -317,9 +322,10 @@ async fn admin_advance_fences_out_lower_writes() {
     );
 }
 
-/// Goal: scopes are independent, routes map path prefixes to scopes, and a client may
-/// name its scope in `Fencing-Scope`. Method: write to a routed prefix, the default scope
-/// and a named scope with unrelated tokens; a stale write on the route; read each fence.
+/// Goal: scopes are independent, routes map path prefixes to scopes, and with
+/// `client_scopes = true` a client may name its scope in `Fencing-Scope`. Method: write
+/// to a routed prefix, the default scope and a named scope with unrelated tokens; a stale
+/// write on the route; read each fence.
 #[tokio::test]
 async fn scopes_are_independent_and_routes_choose_them() {
     crate::use_tested_binary();
@@ -328,7 +334,7 @@ async fn scopes_are_independent_and_routes_choose_them() {
     let config = dir.path().join("proxy.toml");
     std::fs::write(
         &config,
-        "[[routes]]\nprefix = \"/billing/\"\nscope = \"billing\"\n",
+        "client_scopes = true\n[[routes]]\nprefix = \"/billing/\"\nscope = \"billing\"\n",
     )
     .unwrap();
     let proxy = start_proxy(

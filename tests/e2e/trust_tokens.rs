@@ -91,6 +91,8 @@ async fn forged_tokens_are_refused_with_401_and_move_nothing() {
             keys.public_arg(),
             "--log-format",
             "json",
+            // So that a proof under another scope header reaches the proof check.
+            "--client-scopes",
         ],
     );
     let url = proxy.url("/k");

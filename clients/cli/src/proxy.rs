@@ -34,6 +34,11 @@ pub(crate) struct ProxyArgs {
     /// Fence reads too, not only writes.
     #[arg(long, env = "PALISADE_FENCE_READS")]
     fence_reads: bool,
+    /// Let clients choose their scope with the Fencing-Scope header where no route fixes
+    /// it (client_scopes = true). Off by default: a client-chosen scope is not tied to the
+    /// resource written, so a client could pick a scope whose fence is lower.
+    #[arg(long, env = "PALISADE_CLIENT_SCOPES")]
+    client_scopes: bool,
     /// PEM certificate chain for TLS on the client listener (needs --tls-key).
     #[arg(long, env = "PALISADE_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -94,6 +99,9 @@ impl ProxyArgs {
         }
         if self.fence_reads {
             config.fence_reads = true;
+        }
+        if self.client_scopes {
+            config.client_scopes = true;
         }
         if let (Some(cert), Some(key)) = (self.tls_cert, self.tls_key) {
             config.tls = Some(TlsConfig { cert, key });

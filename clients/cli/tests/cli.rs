@@ -200,11 +200,12 @@ fn stale_put_exits_1_with_the_rejection() {
 }
 
 /// Goal: `fence` reads one scope, lists all, advances one, and reports an advance below
-/// the fence as a rejection (exit 1). Method: run each form against a real proxy.
+/// the fence as a rejection (exit 1). Method: run each form against a real proxy (with
+/// client scopes on, for the scoped put).
 #[test]
 fn fence_reads_lists_and_advances() {
     let dir = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start(dir.path());
+    let proxy = Proxy::start_with(dir.path(), &["--client-scopes"]);
     let a = proxy.admin.as_str();
 
     let unseen = palisade(&["fence", "billing", "--admin", a], &[]);
@@ -249,11 +250,12 @@ fn fence_reads_lists_and_advances() {
 }
 
 /// Goal: `--json` output parses, on success and on rejection.
-/// Method: parse the stdout of put, get and fence with `--json`, and of a stale put.
+/// Method: parse the stdout of put, get and fence with `--json`, and of a stale put, on
+/// a proxy with client scopes on (the puts name a scope).
 #[test]
 fn json_output_parses() {
     let dir = tempfile::tempdir().unwrap();
-    let proxy = Proxy::start(dir.path());
+    let proxy = Proxy::start_with(dir.path(), &["--client-scopes"]);
     let p = proxy.url.as_str();
     let a = proxy.admin.as_str();
     let json = |output: &Output| -> serde_json::Value {

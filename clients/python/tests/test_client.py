@@ -183,17 +183,33 @@ def test_stale_put_raises_fenced_then_not_leader_without_sending(proxy):
     assert client.get("k").body == b"new"
 
 
-def test_scope_header_delete_and_missing_object(proxy):
-    """The scope is sent; delete removes; a missing object is HTTPError 404."""
+def test_scope_header_delete_and_missing_object(tmp_path):
+    """The scope is sent (to a proxy started with --client-scopes); delete removes; a
+    missing object is HTTPError 404."""
+    proxy = Proxy(tmp_path, extra=("--client-scopes",))
+    try:
+        client = FencedClient(proxy.url, 2, scope="billing")
+        client.put("charges/a", "x")
+        assert proxy.admin_json("/v1/fences/billing") == {"scope": "billing", "token": 2}
+        assert client.delete("charges/a").status == 204
+        with pytest.raises(HTTPError) as missing:
+            client.get("charges/a")
+        assert missing.value.status == 404
+        with pytest.raises(ValueError):
+            FencedClient(proxy.url, 2, scope="bad scope!")
+    finally:
+        proxy.stop()
+
+
+def test_scope_header_is_refused_without_client_scopes(proxy):
+    """A proxy with client scopes off (the default) refuses a chosen scope with 400 that
+    says how to enable it, and its fence does not move."""
     client = FencedClient(proxy.url, 2, scope="billing")
-    client.put("charges/a", "x")
-    assert proxy.admin_json("/v1/fences/billing") == {"scope": "billing", "token": 2}
-    assert client.delete("charges/a").status == 204
-    with pytest.raises(HTTPError) as missing:
-        client.get("charges/a")
-    assert missing.value.status == 404
-    with pytest.raises(ValueError):
-        FencedClient(proxy.url, 2, scope="bad scope!")
+    with pytest.raises(HTTPError) as refused:
+        client.put("charges/a", "x")
+    assert refused.value.status == 400
+    assert "--client-scopes" in str(refused.value)
+    assert proxy.admin_json("/v1/fences/billing") == {"scope": "billing", "token": 0}
 
 
 def test_node_token_source_follows_the_node(proxy):

@@ -142,6 +142,57 @@ fn new_scope_over_limit_is_refused_and_existing_scopes_still_rise() {
     );
 }
 
+/// Goal: reserved scopes are always available: at the limit they can still be created,
+/// they take no slot (before or after a reopen), and other scopes still count.
+/// Method: limit 2 with `default` and `billing` reserved; fill the limit with two other
+/// scopes, then raise both reserved ones; reopen and check that a third other scope is
+/// still refused while a reserved one still rises.
+#[test]
+fn reserved_scopes_are_always_available_and_not_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let reserved = || ["default", "billing"].map(String::from);
+    let open = |dir: &tempfile::TempDir| {
+        let db = open_database(&dir.path().join("fences.redb")).unwrap();
+        FenceRegister::open_reserved(db, 2, reserved()).unwrap()
+    };
+    {
+        let fences = open(&dir);
+        fences.advance("a", 1).unwrap();
+        fences.advance("b", 1).unwrap();
+        assert!(matches!(
+            fences.advance("c", 1),
+            Err(AdvanceError::ScopeLimit { scopes_max: 2, .. })
+        ));
+        assert_eq!(
+            fences.advance("default", 3).unwrap(),
+            Advance::Raised { previous: 0 }
+        );
+        assert_eq!(fences.reset("billing", 4).unwrap(), 0);
+        assert!(matches!(
+            fences.advance("c", 1),
+            Err(AdvanceError::ScopeLimit { .. })
+        ));
+    }
+    let fences = open(&dir);
+    assert!(matches!(
+        fences.advance("c", 1),
+        Err(AdvanceError::ScopeLimit { .. })
+    ));
+    assert_eq!(
+        fences.advance("billing", 5).unwrap(),
+        Advance::Raised { previous: 4 }
+    );
+    assert_eq!(fences.list().len(), 4);
+    // Opened without the reservation, the same four scopes all count: the reservation
+    // is what kept `default` and `billing` out of the count.
+    drop(fences);
+    let plain = register(&dir, 4);
+    assert!(matches!(
+        plain.advance("c", 1),
+        Err(AdvanceError::ScopeLimit { scopes_max: 4, .. })
+    ));
+}
+
 /// Goal: `list` returns every raised scope, sorted by scope.
 /// Method: raise scopes out of order, compare with the sorted expectation.
 #[test]

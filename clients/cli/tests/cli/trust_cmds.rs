@@ -48,6 +48,8 @@ fn secure_proxy(dir: &Path) -> (Proxy, impl Fn(&str, u64) -> String, String) {
             public.to_str().unwrap(),
             "--admin-token-file",
             &token_file,
+            // A node's scope reaches the proxy as Fencing-Scope (`put --node`).
+            "--client-scopes",
         ],
     );
     (proxy, signer(dir), token_file)
