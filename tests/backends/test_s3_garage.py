@@ -16,16 +16,20 @@ trailer path is the one tested where it matters.
 """
 
 import hashlib
+import http.client
 import os
 from pathlib import Path
 
 import pytest
 from boto3.s3.transfer import TransferConfig
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from conftest import Proxy, gc_paused_writer_is_refused, http, is_problem, proxy_config
+from conftest import Proxy, gc_paused_writer_is_refused, http as http_request, is_problem, proxy_config
 from garage import Garage
-from s3 import s3_client
+from s3 import REGION, s3_client
 
 MIB = 1024 * 1024
 # The single PUT: large enough that no proxy holding bodies whole in memory could pass
@@ -148,12 +152,15 @@ def test_sigv4_with_the_token_signed_is_accepted_by_garage(proxy, tls_proxy, gar
 
 
 def test_listing_a_bucket_needs_no_token(proxy, garage):
-    """Goal: reads are not fenced. Method: ListObjectsV2 through the proxy without a
-    Fencing-Token, after a direct PUT."""
+    """Goal: reads are not fenced. Method: ListObjectsV2 and ListBuckets (GET /, which
+    has no bucket segment) through the proxy without a Fencing-Token, after a direct
+    PUT."""
     garage.create_bucket("listed")
     direct(garage).put_object(Bucket="listed", Key="a", Body=b"a")
-    answer = through(proxy, garage, Token(None)).list_objects_v2(Bucket="listed")
+    client = through(proxy, garage, Token(None))
+    answer = client.list_objects_v2(Bucket="listed")
     assert [o["Key"] for o in answer["Contents"]] == ["a"]
+    assert "listed" in {b["Name"] for b in client.list_buckets()["Buckets"]}
 
 
 def test_a_write_without_a_token_is_refused(proxy, garage):
@@ -245,9 +252,62 @@ def test_spellings_of_a_bucket_do_not_escape_its_fence(proxy, garage, path):
         garage.create_bucket("bypass")
         through(proxy, garage, Token(1)).put_object(Bucket="bypass", Key="k", Body=b"original")
         proxy.advance("bypass", 2)
-    status, headers, _ = http("PUT", proxy.url + path, b"bypassed", {"Fencing-Token": "1"})
+    status, headers, _ = http_request("PUT", proxy.url + path, b"bypassed", {"Fencing-Token": "1"})
     assert status in (400, 409) and is_problem(headers), (path, status)
     assert direct(garage).get_object(Bucket="bypass", Key="k")["Body"].read() == b"original"
+
+
+def signed_vhost_put(proxy, garage, bucket: str, key: str, body: bytes, token: int):
+    """A correctly signed virtual-host-style PUT (the bucket in Host, not in the path),
+    sent to the proxy; returns its status."""
+    host = f"{bucket}.s3.garage.localhost:{proxy.port}"
+    request = AWSRequest(method="PUT", url=f"http://{host}/{key}", data=body,
+                         headers={"x-amz-content-sha256": hashlib.sha256(body).hexdigest(),
+                                  "Fencing-Token": str(token)})
+    SigV4Auth(Credentials(garage.access_key, garage.secret_key), "s3", REGION).add_auth(request)
+    connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+    try:
+        connection.request("PUT", f"/{key}", body=body, headers={**dict(request.headers), "Host": host})
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        connection.close()
+
+
+def test_a_stale_token_is_refused_on_copy_and_batch_delete(proxy, garage):
+    """Goal: S3's other writes are fenced too: CopyObject (a PUT naming its source in a
+    header) and DeleteObjects (a POST). Method: with the bucket's fence at 2, both with
+    token 1 get 409; Garage directly still has the source and no copy; with token 2
+    both succeed."""
+    garage.create_bucket("copies")
+    old = through(proxy, garage, Token(1))
+    old.put_object(Bucket="copies", Key="src", Body=b"source")
+    proxy.advance("copies", 2)
+    copy = {"Bucket": "copies", "Key": "dst", "CopySource": {"Bucket": "copies", "Key": "src"}}
+    batch = {"Bucket": "copies", "Delete": {"Objects": [{"Key": "src"}]}}
+    assert status_of(lambda: old.copy_object(**copy)) == 409
+    assert status_of(lambda: old.delete_objects(**batch)) == 409
+    assert [o["Key"] for o in direct(garage).list_objects_v2(Bucket="copies")["Contents"]] == ["src"]
+    fresh = through(proxy, garage, Token(2))
+    assert status_of(lambda: fresh.copy_object(**copy)) == 200
+    assert status_of(lambda: fresh.delete_objects(**batch)) == 200
+    assert [o["Key"] for o in direct(garage).list_objects_v2(Bucket="copies")["Contents"]] == ["dst"]
+
+
+def test_a_virtual_host_style_write_cannot_reach_a_fenced_bucket(proxy, garage):
+    """Goal: the bucket cannot be named where the proxy does not look (the Host header)
+    to escape its fence. Method: bucket ``hosted`` fenced at 2; a virtual-host-style PUT
+    signed for ``hosted.s3.garage.localhost`` with path ``/k`` and token 1 (the proxy sees
+    scope ``k``, fence 0, so it forwards it); Garage, configured without root_domain,
+    does not read the bucket from Host, so the object in ``hosted`` is unchanged. With
+    ``root_domain`` set, this write lands: the example configuration must not set it."""
+    garage.create_bucket("hosted")
+    through(proxy, garage, Token(1)).put_object(Bucket="hosted", Key="k", Body=b"original")
+    proxy.advance("hosted", 2)
+    status = signed_vhost_put(proxy, garage, "hosted", "k", b"through the host header", 1)
+    assert status != 200, "Garage took the bucket from the Host header"
+    assert direct(garage).get_object(Bucket="hosted", Key="k")["Body"].read() == b"original"
 
 
 def test_a_gc_paused_s3_writer_is_refused(proxy, garage, tmp_path):
