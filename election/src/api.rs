@@ -50,10 +50,19 @@ pub const LONG_POLL_TIMEOUT_MS_MAX: u64 = 60_000;
 pub const LONG_POLL_TIMEOUT_MS_DEFAULT: u64 = 30_000;
 /// Largest request body accepted (`{"to":N}` needs a few bytes).
 pub const API_BODY_BYTES_MAX: usize = 4 * 1024;
-/// API connections open at once; one more is answered 503 and closed.
+/// API connections open at once. At the limit the connection idle the longest is closed
+/// to admit a new one; only when all are busy (long polls included) is one more answered
+/// 503 and closed.
 pub const API_CONNECTIONS_MAX: usize = 256;
-/// Time a client has to send its request headers.
+/// Time a client has, from accept, to finish its TLS handshake and send its request
+/// headers. Its clients (peers' tools, proxies, operators) send a small request at once.
 pub const API_HEADER_TIMEOUT_MS: u64 = 10_000;
+/// Time a keep-alive API connection may stay idle between requests; a long poll is a
+/// request in flight, not idle.
+pub const API_KEEPALIVE_TIMEOUT_MS: u64 = 30_000;
+/// Connections the node API closed on its own, by `reason` (header-timeout,
+/// keepalive-timeout, evicted-idle).
+pub const API_CONNECTION_CLOSES: &str = "palisade_node_api_connection_closes_total";
 /// Time in-flight requests get to finish at shutdown.
 pub const API_DRAIN_TIMEOUT_MS: u64 = 2_000;
 
@@ -111,12 +120,19 @@ pub(crate) async fn serve(listener: TcpListener, state: ApiState, tls: Option<Tl
         name: "node-api",
         connections_max: API_CONNECTIONS_MAX,
         header_read_timeout: Duration::from_millis(API_HEADER_TIMEOUT_MS),
+        keepalive_timeout: Duration::from_millis(API_KEEPALIVE_TIMEOUT_MS),
         drain_timeout: Duration::from_millis(API_DRAIN_TIMEOUT_MS),
+        on_close: Some(connection_closed),
     };
     palisade_protocol::server::serve_tls(listener, app(state), limits, tls, async move {
         shutdown.cancelled().await;
     })
     .await;
+}
+
+/// Counts one connection the node API closed on its own ([`API_CONNECTION_CLOSES`]).
+fn connection_closed(_listener: &'static str, reason: palisade_protocol::server::CloseReason) {
+    metrics::counter!(API_CONNECTION_CLOSES, "reason" => reason.as_str()).increment(1);
 }
 
 /// The node API's routes; the test-fault routes exist only when faults are enabled, so a

@@ -49,20 +49,23 @@ use crate::proof::ProofVerifier;
 /// written wholly in `\uXXXX` escapes (3,072 bytes) plus its token; an advance with its
 /// proof is under 150. Nothing larger is ever a valid request.
 pub(crate) const ADMIN_BODY_BYTES_MAX: usize = 4096;
-/// Admin connections open at once: operators and election nodes, never many.
-pub(crate) const ADMIN_CONNECTIONS_MAX: usize = 64;
-/// Time an admin client has to send a request head. Its callers are local tools and
-/// election nodes that send a whole small request at once, so a slow head is a stuck or
-/// hostile client, not a slow network.
-pub(crate) const ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 5_000;
+/// Time an admin keep-alive connection may stay idle between requests. Its callers are
+/// operators' tools and election nodes announcing leaders; a pooled connection idle this
+/// long is not saving anyone a handshake, and closing it frees a slot.
+pub(crate) const ADMIN_KEEPALIVE_TIMEOUT_MS: u64 = 15_000;
 
-/// What the admin listener's accept loop allows.
-pub(crate) fn limits(drain_timeout: Duration) -> ControlLimits {
+/// What the admin listener's accept loop allows: its own connection limit and header
+/// timeout (`limits.admin_connections_max`, `limits.admin_header_read_timeout_ms`), apart
+/// from the data port's, so that neither the data port nor idle admin connections lock
+/// out the announce or the operator; and idle-first eviction at the limit.
+pub(crate) fn limits(config: &crate::config::Limits, drain_timeout: Duration) -> ControlLimits {
     ControlLimits {
         name: "admin",
-        connections_max: ADMIN_CONNECTIONS_MAX,
-        header_read_timeout: Duration::from_millis(ADMIN_HEADER_READ_TIMEOUT_MS),
+        connections_max: config.admin_connections_max,
+        header_read_timeout: Duration::from_millis(config.admin_header_read_timeout_ms),
+        keepalive_timeout: Duration::from_millis(ADMIN_KEEPALIVE_TIMEOUT_MS),
         drain_timeout,
+        on_close: Some(m::connection_closed),
     }
 }
 

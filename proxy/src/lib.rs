@@ -28,8 +28,10 @@
 //! - `admin`: the admin API on axum (fences, advance, reset, metrics, health), served by
 //!   the protocol crate's control-plane accept loop.
 //! - `auth`: the admin API's bearer token and the middleware layer that requires it.
-//! - `server`: the data path's listener: TLS, HTTP/1.1 and h2c, connection limits,
-//!   graceful shutdown.
+//! - `server`: the data path's listener: TLS, HTTP/1.1 and h2c, connection limits
+//!   (through the protocol crate's connection table: timeouts from accept, idle-first
+//!   eviction), graceful shutdown.
+//! - `fds`: the file-descriptor limit raised at start to what the limits need.
 //! - `tls`: rustls configuration from PEM files.
 //! - `error`: [`ProxyError`], who caused it, and its one problem+json answer.
 //! - `failpoints`: test-only failpoints of the whole binary, set up from the environment.
@@ -47,6 +49,7 @@ pub mod config;
 mod embedded;
 mod error;
 pub mod failpoints;
+mod fds;
 mod fencing;
 pub mod metrics;
 mod proof;
@@ -72,6 +75,7 @@ pub use config::{
 };
 pub use embedded::LIST_KEYS_MAX;
 pub use error::{Cause, ProxyError};
+pub use fds::{FD_RESERVE, FdLimitError};
 pub use proof::{KEY_FILE_BYTES_MAX, PROOF_CACHE_SCOPES_MAX, ProofFault};
 pub use tls::TlsError;
 
@@ -98,6 +102,9 @@ pub enum StartError {
     /// TLS material is unusable.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The file-descriptor limit cannot hold the configured connections.
+    #[error(transparent)]
+    FileLimit(#[from] FdLimitError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -137,6 +144,9 @@ impl ProxyHandle {
 /// both listeners and starts serving.
 pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     config.validate()?;
+    // Before anything opens a descriptor: a limit too small for `connections_max` would
+    // fail accepts with EMFILE instead of evicting idle connections.
+    fds::ensure(&config.limits)?;
     let proofs = if config.token_pub.is_empty() {
         None
     } else {
@@ -220,12 +230,13 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         name: "client",
         connections_max: limits.connections_max,
         header_read_timeout: Duration::from_millis(limits.header_read_timeout_ms),
+        keepalive_timeout: Duration::from_millis(limits.keepalive_timeout_ms),
         header_bytes_max: limits.header_bytes_max,
         h2_streams_max: limits.h2_streams_max,
         drain_timeout: Duration::from_millis(limits.drain_timeout_ms),
         tls,
     };
-    let admin_limits = admin::limits(client_settings.drain_timeout);
+    let admin_limits = admin::limits(limits, client_settings.drain_timeout);
     let mut tasks = JoinSet::new();
     tasks.spawn(server::serve(
         client_listener,

@@ -26,6 +26,11 @@ pub const BARRIER_WAITS: &str = "palisade_proxy_barrier_waits_total";
 pub const UPSTREAM_SECONDS: &str = "palisade_proxy_upstream_seconds";
 /// Client connections open now.
 pub const CONNECTIONS: &str = "palisade_proxy_connections";
+/// Connections the proxy closed on its own, by `listener` (client, admin) and `reason`:
+/// `header-timeout` (no request head, or TLS handshake, within the header timeout from
+/// accept), `keepalive-timeout` (idle between requests), `evicted-idle` (idle, or not yet
+/// sent a head, and closed to admit a new connection at the connection limit).
+pub const CONNECTION_CLOSES: &str = "palisade_proxy_connection_closes_total";
 
 /// Upstream latency buckets, in seconds: 100 µs to 10 s.
 const UPSTREAM_BUCKETS: &[f64] = &[
@@ -73,4 +78,14 @@ pub(crate) fn hot_path_handles() -> &'static HotPathHandles {
         forwarded_write: metrics::counter!(REQUESTS, "class" => "write", "outcome" => "forwarded"),
         upstream_seconds: metrics::histogram!(UPSTREAM_SECONDS),
     })
+}
+
+/// Counts one connection closed by a listener's own timeout or eviction
+/// ([`CONNECTION_CLOSES`]); the close hook of both listeners.
+pub(crate) fn connection_closed(
+    listener: &'static str,
+    reason: palisade_protocol::server::CloseReason,
+) {
+    metrics::counter!(CONNECTION_CLOSES, "listener" => listener, "reason" => reason.as_str())
+        .increment(1);
 }

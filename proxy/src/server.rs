@@ -1,6 +1,7 @@
-//! Accepting the data path's connections: TLS, HTTP/1.1 and h2c, the connection limit,
-//! timeouts on request heads, and graceful shutdown. The admin API is served by the
-//! protocol crate's control-plane accept loop instead (see `admin`).
+//! Accepting the data path's connections: TLS, HTTP/1.1 and h2c, the connection limit
+//! with idle-first eviction, timeouts from accept and between requests, and graceful
+//! shutdown. The admin API is served by the protocol crate's control-plane accept loop
+//! instead (see `admin`); both share its connection table.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -13,9 +14,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use palisade_protocol::server::{ConnPolicy, Connections};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::body::ProxyBody;
@@ -42,18 +43,42 @@ impl Peer {
 /// How one listener treats its connections.
 #[derive(Clone)]
 pub(crate) struct ListenerSettings {
-    /// Name in logs and in the connections gauge (`client`).
+    /// Name in logs, in the connections gauge and in the closes counter (`client`).
     pub name: &'static str,
     pub connections_max: usize,
     pub header_read_timeout: Duration,
+    pub keepalive_timeout: Duration,
     pub header_bytes_max: usize,
     pub h2_streams_max: u32,
     pub drain_timeout: Duration,
     pub tls: Option<TlsAcceptor>,
 }
 
+impl ListenerSettings {
+    fn policy(&self) -> ConnPolicy {
+        ConnPolicy {
+            name: self.name,
+            connections_max: self.connections_max,
+            header_read_timeout: self.header_read_timeout,
+            keepalive_timeout: self.keepalive_timeout,
+            on_close: Some(m::connection_closed),
+        }
+    }
+}
+
 /// Serves `listener` until `shutdown` turns true, then stops accepting and waits up to
 /// the drain timeout for open connections to finish their in-flight requests.
+///
+/// Connections go through the protocol crate's connection table (shared with the
+/// control plane): a connection that sends nothing is closed at the header timeout
+/// counted from accept, the TLS handshake included; an idle keep-alive connection at the
+/// keep-alive timeout; and at `connections_max` the connection idle the longest is closed
+/// so that a new client is served. This matters here more than anywhere: hyper-util's
+/// `auto` builder (HTTP/1.1 and h2c on one port) reads the first bytes to tell the
+/// HTTP/2 preface apart with no timer, and hyper's HTTP/1 header timer only starts
+/// after that, so without the table a client that never sends a byte held its slot, and
+/// `connections_max` of them locked every other client out. Only when every connection
+/// has a request in flight does a new one wait, in the kernel's backlog behind it.
 pub(crate) async fn serve<H, F>(
     listener: TcpListener,
     settings: ListenerSettings,
@@ -76,19 +101,9 @@ pub(crate) async fn serve<H, F>(
         .max_header_list_size(u32::try_from(settings.header_bytes_max).unwrap_or(u32::MAX))
         .max_concurrent_streams(settings.h2_streams_max);
     let builder = Arc::new(builder);
-    let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(settings.connections_max));
+    let connections = Connections::new(settings.policy());
 
     loop {
-        // Wait for a free connection slot first, so excess clients queue in the kernel's
-        // backlog instead of holding memory here.
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = shutdown.changed() => break,
-        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -100,53 +115,63 @@ pub(crate) async fn serve<H, F>(
             },
             _ = shutdown.changed() => break,
         };
+        // At the limit this closes the connection idle the longest; with every
+        // connection busy it waits, and the clients behind this one queue in the
+        // kernel's backlog instead of holding memory here.
+        let admitted = tokio::select! {
+            admitted = connections.admit() => admitted,
+            _ = shutdown.changed() => break,
+        };
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let client = Arc::new(Peer::new(peer));
-        let service = service_fn(move |req| handler(req, Arc::clone(&client)));
+        let requests = admitted.requests();
+        let service = service_fn(move |req| {
+            let in_flight = requests.enter();
+            let answer = handler(req, Arc::clone(&client));
+            async move {
+                let response = answer.await?;
+                Ok::<_, Infallible>(in_flight.carry(response))
+            }
+        });
         let builder = Arc::clone(&builder);
-        let watcher = graceful.watcher();
         let settings = settings.clone();
         tokio::spawn(async move {
-            let _permit = permit;
             let gauge = metrics::gauge!(m::CONNECTIONS, "listener" => settings.name);
             gauge.increment(1.0);
             let result = match &settings.tls {
                 None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    watcher.watch(conn.into_owned()).await
+                    admitted
+                        .serve(builder.serve_connection(TokioIo::new(stream), service))
+                        .await
                 }
-                Some(acceptor) => {
-                    match tokio::time::timeout(
-                        settings.header_read_timeout,
-                        acceptor.accept(stream),
-                    )
-                    .await
-                    {
-                        Ok(Ok(tls)) => {
-                            let conn = builder.serve_connection(TokioIo::new(tls), service);
-                            watcher.watch(conn.into_owned()).await
-                        }
-                        Ok(Err(e)) => Err(e.into()),
-                        Err(_) => Err("TLS handshake timed out".into()),
+                Some(acceptor) => match admitted.handshake(acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => {
+                        admitted
+                            .serve(builder.serve_connection(TokioIo::new(tls), service))
+                            .await
                     }
-                }
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(stopped) => Err(stopped.into()),
+                },
             };
             if let Err(e) = result {
                 tracing::debug!(listener = settings.name, %peer, cause = %e, "connection ended with an error");
             }
             gauge.decrement(1.0);
+            drop(admitted);
         });
     }
     drop(listener);
-    let open = graceful.count();
+    let open = connections.live();
     tracing::info!(
         listener = settings.name,
         open,
         "stopped accepting; draining connections"
     );
+    connections.shutdown();
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!(listener = settings.name, "drained"),
+        () = connections.drained() => tracing::info!(listener = settings.name, "drained"),
         () = tokio::time::sleep(settings.drain_timeout) => {
             tracing::warn!(listener = settings.name, "drain timeout reached; closing remaining connections");
         }

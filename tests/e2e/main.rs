@@ -8,6 +8,8 @@
 //! library.
 //!
 //! # Layout
+//! - `proxy_connections`: idle floods on the data and admin ports: new clients and the
+//!   announce still served in time; silent connections closed at the header timeout.
 //! - `proxy_fencing`: the proxy's fencing rules against a recording upstream, restarts
 //!   and `kill -9`.
 //! - `proxy_routing`: classification that fails closed: path spellings, methods, scope
@@ -32,6 +34,7 @@ mod client_rust;
 mod demo;
 mod election_announce;
 mod election_process;
+mod proxy_connections;
 mod proxy_fencing;
 mod proxy_routing;
 mod proxy_transport;

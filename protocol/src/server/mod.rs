@@ -7,18 +7,24 @@
 //!   problem+json naming what was wrong, not axum's plain-text bodies.
 //! - [`finish`] adds what every control-plane router needs: problem+json 404 and 405
 //!   answers and the request body limit.
-//! - [`serve`] is the accept loop: a connection limit (a connection over it is answered
-//!   503 at once and closed, so an operator sees why instead of hanging), a time limit
-//!   on request heads, and a graceful drain at shutdown. [`serve_tls`] is the same loop
+//! - [`serve`] is the accept loop: a connection limit (at the limit the connection idle
+//!   the longest is closed to make room; when every connection is busy the new one is
+//!   answered 503 at once and closed, so an operator sees why instead of hanging), a
+//!   header timeout counted from accept, a keep-alive timeout, and a graceful drain at
+//!   shutdown. [`serve_tls`] is the same loop
 //!   with TLS (and mutual TLS when the acceptor requires client certificates).
 //!
-//! The proxy's data path does not use this: it stays on raw hyper, where every
-//! allocation on the request path is chosen by hand.
+//! - [`Connections`] (module `conns`) is the connection bookkeeping behind [`serve`]:
+//!   timeouts from accept, idle-first eviction, request counting. The proxy's data path
+//!   uses it too.
+//!
+//! The proxy's data path does not use the axum stack: it stays on raw hyper, where every
+//! allocation on the request path is chosen by hand; only the connection bookkeeping is
+//! shared.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -27,15 +33,20 @@ use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, FromRequestParts
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 use crate::headers::{FENCING_TOKEN_CURRENT, PROBLEM_JSON};
+
+mod conns;
+
 use crate::problem::Problem;
+pub use conns::{
+    ADMISSION_RECHECK_MS, Admitted, CloseHook, CloseReason, ConnPolicy, Connections, InFlight,
+    RequestTracker, Stopped, TrackedBody,
+};
 
 /// Pause after a failed accept (for example EMFILE), so the loop does not spin.
 pub const ACCEPT_BACKOFF_MS: u64 = 50;
@@ -151,12 +162,33 @@ pub fn finish(router: Router, api: &'static str, body_bytes_max: usize) -> Route
 pub struct ControlLimits {
     /// The listener's name in logs (`admin`, `node-api`).
     pub name: &'static str,
-    /// Connections open at once; one more is answered 503 and closed.
+    /// Connections open at once. At the limit, the connection idle the longest (or not
+    /// yet sent a head) is closed to admit a new one; only when every connection has a
+    /// request in flight is the new one answered 503 and closed.
     pub connections_max: usize,
-    /// Time a client has to send a whole request head.
+    /// Time a client has, from accept, to finish its TLS handshake and send a whole
+    /// request head.
     pub header_read_timeout: Duration,
+    /// Time a keep-alive connection may stay idle between requests.
+    pub keepalive_timeout: Duration,
     /// Time in-flight requests get to finish at shutdown.
     pub drain_timeout: Duration,
+    /// Told of each connection closed by a timeout or an eviction (for metrics).
+    pub on_close: Option<CloseHook>,
+}
+
+impl ControlLimits {
+    /// The connection policy these limits set.
+    #[must_use]
+    pub fn policy(&self) -> ConnPolicy {
+        ConnPolicy {
+            name: self.name,
+            connections_max: self.connections_max,
+            header_read_timeout: self.header_read_timeout,
+            keepalive_timeout: self.keepalive_timeout,
+            on_close: self.on_close,
+        }
+    }
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then stops accepting and
@@ -172,11 +204,11 @@ pub async fn serve(
 }
 
 /// [`serve`], with TLS when `tls` is given: each connection's handshake runs in its own
-/// task, bounded by `limits.header_read_timeout`, before any HTTP is read. When the
-/// acceptor's configuration requires client certificates (see
+/// task, within `limits.header_read_timeout` counted from accept, before any HTTP is
+/// read. When the acceptor's configuration requires client certificates (see
 /// [`crate::tls::acceptor`]), a client without one fails the handshake and is never
-/// served. A TLS connection over the connection limit is closed at once: a plaintext 503
-/// would be garbage to a TLS client.
+/// served. A TLS connection refused at the connection limit is closed at once: a
+/// plaintext 503 would be garbage to a TLS client.
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
@@ -184,9 +216,10 @@ pub async fn serve_tls(
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(limits.connections_max));
+    let connections = Connections::new(limits.policy());
     let mut builder = hyper::server::conn::http1::Builder::new();
+    // hyper's own timer covers heads on keep-alive connections and heads that have
+    // started arriving; the connection table covers the time from accept.
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
@@ -203,9 +236,9 @@ pub async fn serve_tls(
                 }
             },
         };
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
+        let Some(admitted) = connections.try_admit() else {
             tracing::warn!(listener = limits.name, %peer, limit = limits.connections_max,
-                "too many connections; answered 503");
+                "too many connections, all busy; answered 503");
             if tls.is_none() {
                 tokio::spawn(refuse_over_limit(
                     stream,
@@ -217,62 +250,59 @@ pub async fn serve_tls(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
+        let requests = admitted.requests();
         let service =
             hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+                let in_flight = requests.enter();
                 request
                     .extensions_mut()
                     .insert(ConnectInfo::<SocketAddr>(peer));
                 let router = router.clone();
                 async move {
-                    Ok::<_, Infallible>(
-                        router
-                            .oneshot(request.map(axum::body::Body::new))
-                            .await
-                            .into_response(),
-                    )
+                    let response = router
+                        .oneshot(request.map(axum::body::Body::new))
+                        .await
+                        .into_response();
+                    Ok::<_, Infallible>(in_flight.carry(response))
                 }
             });
-        let watcher = graceful.watcher();
         let builder = builder.clone();
         let name = limits.name;
-        let handshake_timeout = limits.header_read_timeout;
         let tls = tls.clone();
         tokio::spawn(async move {
             let ended = match tls {
                 None => {
-                    watcher
-                        .watch(builder.serve_connection(TokioIo::new(stream), service))
+                    admitted
+                        .serve(builder.serve_connection(TokioIo::new(stream), service))
                         .await
                 }
-                Some(acceptor) => {
-                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => {
-                            watcher
-                                .watch(builder.serve_connection(TokioIo::new(stream), service))
-                                .await
-                        }
-                        Ok(Err(err)) => {
-                            tracing::info!(listener = name, %peer, cause = %err,
-                                "TLS handshake refused");
-                            Ok(())
-                        }
-                        Err(_) => {
-                            tracing::info!(listener = name, %peer,
-                                timeout_ms = handshake_timeout.as_millis() as u64,
-                                "TLS handshake timed out");
-                            Ok(())
-                        }
+                Some(acceptor) => match admitted.handshake(acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        admitted
+                            .serve(builder.serve_connection(TokioIo::new(stream), service))
+                            .await
                     }
-                }
+                    Ok(Err(err)) => {
+                        tracing::info!(listener = name, %peer, cause = %err,
+                            "TLS handshake refused");
+                        Ok(())
+                    }
+                    Err(stopped) => {
+                        tracing::info!(listener = name, %peer, cause = %stopped,
+                            "TLS handshake not finished");
+                        Ok(())
+                    }
+                },
             };
             if let Err(err) = ended {
                 tracing::debug!(listener = name, %peer, cause = %err, "connection ended with an error");
             }
-            drop(permit);
+            drop(admitted);
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.drain_timeout, graceful.shutdown())
+    connections.shutdown();
+    if tokio::time::timeout(limits.drain_timeout, connections.drained())
         .await
         .is_err()
     {
@@ -307,6 +337,8 @@ async fn refuse_over_limit(mut stream: tokio::net::TcpStream, name: &'static str
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use axum::routing::{get, post};
     use http_body_util::BodyExt as _;
 
@@ -378,39 +410,150 @@ mod tests {
         assert_eq!((s, b.as_str()), (StatusCode::OK, r#"{"token":5}"#));
     }
 
-    /// Goal: a connection over the limit is told 503 at once instead of hanging.
-    /// Method: a limit of 1; hold one connection open, open a second one and read it.
+    fn limits(connections_max: usize, header_read_timeout: Duration) -> ControlLimits {
+        ControlLimits {
+            name: "test",
+            connections_max,
+            header_read_timeout,
+            keepalive_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(1),
+            on_close: None,
+        }
+    }
+
+    /// A router whose `/v1/hang` never answers, so a request to it stays in flight; it
+    /// tells `entered` when a request reaches it.
+    fn hanging_app(entered: Arc<tokio::sync::Notify>) -> Router {
+        let router = Router::new().route("/v1/x", get(|| async { "ok" })).route(
+            "/v1/hang",
+            get(move || async move {
+                entered.notify_one();
+                std::future::pending::<&'static str>().await
+            }),
+        );
+        finish(router, "test API", 64)
+    }
+
+    /// One HTTP/1.1 request with `connection: close`; the whole answer, or what came
+    /// within `wait`.
+    async fn request(addr: SocketAddr, path: &str, wait: Duration) -> String {
+        use tokio::io::AsyncReadExt as _;
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+        let mut text = Vec::new();
+        let _ = tokio::time::timeout(wait, stream.read_to_end(&mut text)).await;
+        String::from_utf8_lossy(&text).into_owned()
+    }
+
+    /// Goal: when every connection has a request in flight, a new one is told 503 at
+    /// once instead of hanging.
+    /// Method: a limit of 1; hold a request in flight on one connection, then call again.
     #[tokio::test]
-    async fn connection_over_the_limit_is_answered_503() {
+    async fn connection_over_the_limit_with_all_busy_is_answered_503() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let entered = Arc::new(tokio::sync::Notify::new());
+        let server = tokio::spawn(serve(
+            listener,
+            hanging_app(Arc::clone(&entered)),
+            limits(1, Duration::from_secs(5)),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let mut busy = tokio::net::TcpStream::connect(addr).await.unwrap();
+        busy.write_all(b"GET /v1/hang HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), entered.notified())
+            .await
+            .unwrap();
+        let answer = request(addr, "/v1/x", Duration::from_secs(5)).await;
+        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+        assert!(answer.contains("too-many-connections"), "{answer}");
+        drop(busy);
+        let _ = stop.send(());
+        server.await.unwrap();
+    }
+
+    /// Goal: idle connections cannot lock a control-plane listener: at the limit the
+    /// idle one is closed and the new client is served.
+    /// Method: a limit of 2; two connections that send nothing; a third client's request
+    /// is answered 200, and one of the idle ones sees its connection closed.
+    #[tokio::test]
+    async fn idle_connections_are_evicted_for_a_new_client() {
         use tokio::io::AsyncReadExt as _;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let limits = ControlLimits {
-            name: "test",
-            connections_max: 1,
-            header_read_timeout: Duration::from_secs(5),
-            drain_timeout: Duration::from_secs(1),
-        };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, app(), limits, async {
-            let _ = stopped.await;
-        }));
-        let _held = tokio::net::TcpStream::connect(addr).await.unwrap();
-        // The first connection holds the only permit once accepted; retry until the
-        // second is refused rather than sleeping for an arbitrary time.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        let answer = loop {
-            let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let mut text = String::new();
-            let _ =
-                tokio::time::timeout(Duration::from_millis(200), second.read_to_string(&mut text))
-                    .await;
-            if text.starts_with("HTTP/1.1 503") || tokio::time::Instant::now() > deadline {
-                break text;
+        let server = tokio::spawn(serve(
+            listener,
+            hanging_app(Arc::new(tokio::sync::Notify::new())),
+            limits(2, Duration::from_secs(30)),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let mut idle = vec![
+            tokio::net::TcpStream::connect(addr).await.unwrap(),
+            tokio::net::TcpStream::connect(addr).await.unwrap(),
+        ];
+        let answer = request(addr, "/v1/x", Duration::from_secs(5)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+        let mut buf = [0u8; 1];
+        let first = tokio::time::timeout(Duration::from_secs(5), idle[0].read(&mut buf)).await;
+        assert!(
+            matches!(first, Ok(Ok(0) | Err(_))),
+            "the oldest idle connection is closed: {first:?}"
+        );
+        idle.clear();
+        let _ = stop.send(());
+        server.await.unwrap();
+    }
+
+    /// Goal: a connection that sends nothing is closed at the header timeout, counted
+    /// from accept, and reported as `header-timeout`.
+    /// Method: a 300 ms header timeout and a counting hook; connect, send nothing, read
+    /// until the server closes (bounded at 10 s, far above the timeout).
+    #[tokio::test]
+    async fn silent_connection_is_closed_at_the_header_timeout() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::AsyncReadExt as _;
+        static HEADER_TIMEOUTS: AtomicUsize = AtomicUsize::new(0);
+        fn hook(_: &'static str, reason: CloseReason) {
+            if reason == CloseReason::HeaderTimeout {
+                HEADER_TIMEOUTS.fetch_add(1, Ordering::SeqCst);
             }
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let limits = ControlLimits {
+            on_close: Some(hook),
+            ..limits(4, Duration::from_millis(300))
         };
-        assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
-        assert!(answer.contains("too-many-connections"), "{answer}");
+        let server = tokio::spawn(serve(
+            listener,
+            hanging_app(Arc::new(tokio::sync::Notify::new())),
+            limits,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "closed by the server: {read:?}"
+        );
+        assert_eq!(HEADER_TIMEOUTS.load(Ordering::SeqCst), 1);
         let _ = stop.send(());
         server.await.unwrap();
     }
@@ -418,6 +561,8 @@ mod tests {
 
 #[cfg(test)]
 mod tls_tests {
+    use std::sync::Arc;
+
     use std::path::Path;
 
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -508,7 +653,9 @@ mod tls_tests {
             name: "test",
             connections_max: 8,
             header_read_timeout: Duration::from_secs(5),
+            keepalive_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(1),
+            on_close: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_tls(

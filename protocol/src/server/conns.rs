@@ -1,0 +1,715 @@
+//! Connection bookkeeping shared by every listener: the proxy's data port, its admin API
+//! and the node API. It decides which connections may stay open, so that connections
+//! that send nothing can never starve the clients that do.
+//!
+//! - Each admitted connection has a slot: how many requests it has in flight, whether it
+//!   has served one yet, and since when it has been idle.
+//! - A connection that has sent no request head is closed at the header timeout, counted
+//!   from the moment it was admitted. The TLS handshake counts within it.
+//! - A keep-alive connection with nothing in flight is closed at the keep-alive timeout,
+//!   counted from the end of its last response.
+//! - At `connections_max`, a new connection closes the connection that has been idle the
+//!   longest (fresh ones count as idle since they were admitted), as nginx reuses its idle
+//!   connections. A connection with a request in flight is never chosen. When every
+//!   connection is busy, [`Connections::try_admit`] says so (the control plane answers
+//!   503) and [`Connections::admit`] waits (the data port).
+//!
+//! Closing is hyper's graceful shutdown: an idle connection closes at once; a request
+//! that slipped in just before is still answered. Why the header timer must be ours:
+//! hyper-util 0.1.21's `auto` builder (HTTP/1.1 and h2c on one port) first reads up to
+//! 24 bytes to tell the HTTP/2 preface apart, with no timer at all, and only then hands
+//! the connection to hyper 1.12's HTTP/1 code, whose `header_read_timeout` starts when it
+//! first polls for a head; a TLS handshake happens before either. A client that connects
+//! and sends nothing therefore held its slot forever. The plain HTTP/1 builder of the
+//! control plane does start hyper's timer at once, but it had no eviction.
+//!
+//! Requests are counted by the service: [`RequestTracker::enter`] when a request reaches
+//! it, and the [`InFlight`] guard, carried by the response body ([`TrackedBody`]), ends
+//! the request when hyper drops the body (finished, or the connection gone). Nothing is
+//! signalled on the request path: a connection's task re-reads the slot when its timer
+//! fires.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::{Body, Frame, SizeHint};
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+/// How often a waiting [`Connections::admit`] looks for an idle connection even without
+/// being told one freed up: a safety net for a wake-up that raced with its registration.
+pub const ADMISSION_RECHECK_MS: u64 = 100;
+
+/// Set in a slot's state word once the slot is claimed for closing.
+const CLOSING: u32 = 1 << 31;
+
+/// Why a listener closed a connection on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// No complete request head (or TLS handshake) within the header timeout.
+    HeaderTimeout,
+    /// Idle between requests for the keep-alive timeout.
+    KeepaliveTimeout,
+    /// Idle (or not yet sent a head) and closed to make room at `connections_max`.
+    EvictedIdle,
+}
+
+impl CloseReason {
+    /// The metric label: `header-timeout`, `keepalive-timeout`, `evicted-idle`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HeaderTimeout => "header-timeout",
+            Self::KeepaliveTimeout => "keepalive-timeout",
+            Self::EvictedIdle => "evicted-idle",
+        }
+    }
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Called once per connection the listener closed on its own, with the listener's name:
+/// where the owner counts closes by reason in its metrics.
+pub type CloseHook = fn(listener: &'static str, reason: CloseReason);
+
+/// The connection policy of one listener.
+#[derive(Debug, Clone)]
+pub struct ConnPolicy {
+    /// The listener's name in logs and in the close hook.
+    pub name: &'static str,
+    /// Connections admitted at once.
+    pub connections_max: usize,
+    /// Time a connection has, from admission, to complete its TLS handshake and its first
+    /// request head.
+    pub header_read_timeout: Duration,
+    /// Time a connection may stay idle after a response before it is closed.
+    pub keepalive_timeout: Duration,
+    /// Told of every close by timeout or eviction.
+    pub on_close: Option<CloseHook>,
+}
+
+/// Why a connection stopped before it was served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Stopped {
+    /// The header timeout ran out (during the TLS handshake).
+    #[error("no TLS handshake within the header timeout of {timeout_ms} ms")]
+    TimedOut {
+        /// The header timeout.
+        timeout_ms: u64,
+    },
+    /// Closed to make room for a new connection at `connections_max`.
+    #[error("closed to make room at connections_max")]
+    Evicted,
+    /// The listener is shutting down.
+    #[error("the listener is shutting down")]
+    ShuttingDown,
+}
+
+/// What every slot and guard shares.
+struct Signals {
+    /// Time zero of the slots' millisecond clocks.
+    epoch: Instant,
+    /// A waiting [`Connections::admit`] wants to hear of connections turning idle.
+    waiting: AtomicBool,
+    /// A slot was freed or a connection turned idle.
+    freed: Notify,
+    /// Connections admitted and not yet ended (evicted ones included until they end).
+    live: AtomicUsize,
+    /// `live` reached zero.
+    all_closed: Notify,
+}
+
+impl Signals {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// One admitted connection's state.
+struct Slot {
+    id: u64,
+    /// Requests in flight, with [`CLOSING`] set once the slot is claimed for closing.
+    state: AtomicU32,
+    /// Whether a request has reached the service yet (then idle means keep-alive).
+    served: AtomicBool,
+    /// Milliseconds since `Signals::epoch` at admission, then at the end of the latest
+    /// response.
+    idle_since_ms: AtomicU64,
+    /// Told when the slot was claimed by an eviction.
+    evict: Notify,
+    signals: Arc<Signals>,
+}
+
+impl Slot {
+    /// Claims the slot for closing if nothing is in flight.
+    fn claim_idle(&self) -> bool {
+        self.state
+            .compare_exchange(0, CLOSING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// When to look at this slot again, and the reason to close it then if it is still
+    /// idle since `idle_since_ms` (the third value).
+    fn next_check(&self, policy: &ConnPolicy) -> (Instant, Option<CloseReason>, u64) {
+        let state = self.state.load(Ordering::Acquire);
+        let since_ms = self.idle_since_ms.load(Ordering::Acquire);
+        if state != 0 {
+            // Busy (or already closing): nothing can time out now. Looking again one
+            // keep-alive timeout later bounds how late an idle close can be: the request
+            // ends within that period, and the close is due one timeout after it ends.
+            return (Instant::now() + policy.keepalive_timeout, None, since_ms);
+        }
+        let since = self.signals.epoch + Duration::from_millis(since_ms);
+        if self.served.load(Ordering::Acquire) {
+            (
+                since + policy.keepalive_timeout,
+                Some(CloseReason::KeepaliveTimeout),
+                since_ms,
+            )
+        } else {
+            (
+                since + policy.header_read_timeout,
+                Some(CloseReason::HeaderTimeout),
+                since_ms,
+            )
+        }
+    }
+}
+
+struct Open {
+    next_id: u64,
+    slots: HashMap<u64, Arc<Slot>>,
+}
+
+struct Table {
+    policy: ConnPolicy,
+    signals: Arc<Signals>,
+    open: Mutex<Open>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Table {
+    fn open(&self) -> MutexGuard<'_, Open> {
+        // The map stays consistent whatever panicked while holding the lock: every
+        // change is a single insert or remove.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn closed(&self, reason: CloseReason) {
+        if let Some(hook) = self.policy.on_close {
+            hook(self.policy.name, reason);
+        }
+    }
+}
+
+/// The connections of one listener.
+#[derive(Clone)]
+pub struct Connections {
+    table: Arc<Table>,
+}
+
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connections")
+            .field("policy", &self.table.policy)
+            .field("live", &self.live())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connections {
+    /// No connections yet.
+    #[must_use]
+    pub fn new(policy: ConnPolicy) -> Self {
+        let (shutdown, _) = watch::channel(false);
+        Self {
+            table: Arc::new(Table {
+                policy,
+                signals: Arc::new(Signals {
+                    epoch: Instant::now(),
+                    waiting: AtomicBool::new(false),
+                    freed: Notify::new(),
+                    live: AtomicUsize::new(0),
+                    all_closed: Notify::new(),
+                }),
+                open: Mutex::new(Open {
+                    next_id: 0,
+                    slots: HashMap::new(),
+                }),
+                shutdown,
+            }),
+        }
+    }
+
+    /// The policy this table applies.
+    #[must_use]
+    pub fn policy(&self) -> &ConnPolicy {
+        &self.table.policy
+    }
+
+    /// Connections admitted and not ended yet (evicted ones still closing included).
+    #[must_use]
+    pub fn live(&self) -> usize {
+        self.table.signals.live.load(Ordering::Acquire)
+    }
+
+    /// Admits a new connection: at once under `connections_max`, else by closing the
+    /// connection idle the longest. `None` when every admitted connection has a request
+    /// in flight.
+    #[must_use]
+    pub fn try_admit(&self) -> Option<Admitted> {
+        let table = &self.table;
+        let mut open = table.open();
+        if open.slots.len() >= table.policy.connections_max {
+            let victim = evict_oldest_idle(&mut open.slots)?;
+            victim.evict.notify_one();
+            table.closed(CloseReason::EvictedIdle);
+            tracing::debug!(
+                listener = table.policy.name,
+                limit = table.policy.connections_max,
+                "closed the connection idle the longest to admit a new one"
+            );
+        }
+        let id = open.next_id;
+        open.next_id += 1;
+        let slot = Arc::new(Slot {
+            id,
+            state: AtomicU32::new(0),
+            served: AtomicBool::new(false),
+            idle_since_ms: AtomicU64::new(table.signals.now_ms()),
+            evict: Notify::new(),
+            signals: Arc::clone(&table.signals),
+        });
+        open.slots.insert(id, Arc::clone(&slot));
+        table.signals.live.fetch_add(1, Ordering::AcqRel);
+        Some(Admitted {
+            slot,
+            table: Arc::clone(table),
+        })
+    }
+
+    /// [`Self::try_admit`], waiting while every connection is busy until one ends or
+    /// turns idle. Cancel-safe.
+    pub async fn admit(&self) -> Admitted {
+        let signals = &self.table.signals;
+        loop {
+            let freed = signals.freed.notified();
+            if let Some(admitted) = self.try_admit() {
+                signals.waiting.store(false, Ordering::Release);
+                return admitted;
+            }
+            signals.waiting.store(true, Ordering::Release);
+            tokio::select! {
+                () = freed => {}
+                () = tokio::time::sleep(Duration::from_millis(ADMISSION_RECHECK_MS)) => {}
+            }
+        }
+    }
+
+    /// Asks every connection to finish: idle ones close at once, busy ones after their
+    /// requests in flight.
+    pub fn shutdown(&self) {
+        self.table.shutdown.send_replace(true);
+    }
+
+    /// Waits until no admitted connection is left.
+    pub async fn drained(&self) {
+        let signals = &self.table.signals;
+        loop {
+            let notified = signals.all_closed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if signals.live.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Claims the slot idle the longest (the smallest `idle_since_ms`; fresh connections count
+/// from admission) whose connection has nothing in flight, and takes it out of `slots`.
+fn evict_oldest_idle(slots: &mut HashMap<u64, Arc<Slot>>) -> Option<Arc<Slot>> {
+    loop {
+        let id = slots
+            .values()
+            .filter(|slot| slot.state.load(Ordering::Acquire) == 0)
+            .min_by_key(|slot| (slot.idle_since_ms.load(Ordering::Acquire), slot.id))?
+            .id;
+        let claimed = slots.get(&id).is_some_and(|slot| slot.claim_idle());
+        if claimed {
+            return slots.remove(&id);
+        }
+        // A request reached that connection between the scan and the claim: scan again.
+    }
+}
+
+/// One admitted connection. Dropping it (when the connection's task ends) frees its slot.
+pub struct Admitted {
+    slot: Arc<Slot>,
+    table: Arc<Table>,
+}
+
+impl std::fmt::Debug for Admitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitted")
+            .field("listener", &self.table.policy.name)
+            .field("id", &self.slot.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let signals = &self.table.signals;
+        {
+            let mut open = self.table.open();
+            open.slots.remove(&self.slot.id);
+        }
+        if signals.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            signals.all_closed.notify_waiters();
+        }
+        signals.freed.notify_one();
+    }
+}
+
+impl Admitted {
+    /// The counter the connection's service calls for each request.
+    #[must_use]
+    pub fn requests(&self) -> RequestTracker {
+        RequestTracker(Arc::clone(&self.slot))
+    }
+
+    /// Whether an eviction claimed this connection.
+    #[must_use]
+    pub fn is_evicted(&self) -> bool {
+        !self
+            .table
+            .open()
+            .slots
+            .get(&self.slot.id)
+            .is_some_and(|slot| Arc::ptr_eq(slot, &self.slot))
+            && self.slot.state.load(Ordering::Acquire) & CLOSING != 0
+    }
+
+    /// Runs a handshake (TLS) within the header timeout counted from admission; stops
+    /// early on eviction or shutdown.
+    pub async fn handshake<F: Future>(&self, handshake: F) -> Result<F::Output, Stopped> {
+        let policy = &self.table.policy;
+        let since = self.slot.signals.epoch
+            + Duration::from_millis(self.slot.idle_since_ms.load(Ordering::Acquire));
+        let mut shutdown = self.table.shutdown.subscribe();
+        tokio::select! {
+            done = handshake => Ok(done),
+            () = tokio::time::sleep_until(since + policy.header_read_timeout) => {
+                // Claimed so that no eviction counts it a second time.
+                if self.slot.claim_idle() {
+                    self.table.closed(CloseReason::HeaderTimeout);
+                }
+                Err(Stopped::TimedOut {
+                    timeout_ms: u64::try_from(policy.header_read_timeout.as_millis())
+                        .unwrap_or(u64::MAX),
+                })
+            }
+            () = self.slot.evict.notified() => Err(Stopped::Evicted),
+            _ = shutdown.wait_for(|stop| *stop) => Err(Stopped::ShuttingDown),
+        }
+    }
+
+    /// Drives `conn` to its end, closing it gracefully at the header or keep-alive
+    /// timeout, on eviction, or at shutdown.
+    pub async fn serve<C>(&self, conn: C) -> Result<(), Box<dyn StdError + Send + Sync>>
+    where
+        C: GracefulConnection,
+        C::Error: Into<Box<dyn StdError + Send + Sync>>,
+    {
+        let policy = &self.table.policy;
+        let mut conn = std::pin::pin!(conn);
+        let mut shutdown = self.table.shutdown.subscribe();
+        // Once set, the connection is only driven to its end.
+        let mut closing = false;
+        // Whether the close was ours and already counted.
+        let mut counted = false;
+        loop {
+            let (check_at, reason, since_ms) = self.slot.next_check(policy);
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    return ended.map_err(|err| {
+                        let err = err.into();
+                        if !counted && is_hyper_header_timeout(&*err) {
+                            self.table.closed(CloseReason::HeaderTimeout);
+                        }
+                        err
+                    });
+                }
+                () = self.slot.evict.notified(), if !closing => {
+                    // Counted by the eviction.
+                    counted = true;
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                () = tokio::time::sleep_until(check_at), if !closing => {
+                    if let Some(reason) = reason
+                        && self.close_if_idle_since(since_ms)
+                    {
+                        self.table.closed(reason);
+                        counted = true;
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+                _ = shutdown.wait_for(|stop| *stop), if !closing => {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+
+    /// Claims the slot for closing if nothing is in flight and it has stayed idle since
+    /// `since_ms`; a request that came and went since then moved the deadline.
+    fn close_if_idle_since(&self, since_ms: u64) -> bool {
+        if !self.slot.claim_idle() {
+            return false;
+        }
+        if self.slot.idle_since_ms.load(Ordering::Acquire) == since_ms {
+            return true;
+        }
+        self.slot.state.fetch_and(!CLOSING, Ordering::AcqRel);
+        false
+    }
+}
+
+/// Whether hyper ended the connection for its own header timer (HTTP/1 heads after the
+/// first byte, and heads on keep-alive connections).
+fn is_hyper_header_timeout(err: &(dyn StdError + 'static)) -> bool {
+    err.downcast_ref::<hyper::Error>()
+        .is_some_and(hyper::Error::is_timeout)
+}
+
+/// Counts one connection's requests in flight; cheap to clone into its service.
+#[derive(Clone)]
+pub struct RequestTracker(Arc<Slot>);
+
+impl std::fmt::Debug for RequestTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestTracker")
+            .field("id", &self.0.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestTracker {
+    /// A request reached the service; the connection is busy until the guard drops.
+    #[must_use]
+    pub fn enter(&self) -> InFlight {
+        let slot = &self.0;
+        if !slot.served.load(Ordering::Relaxed) {
+            slot.served.store(true, Ordering::Release);
+        }
+        slot.state.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(slot))
+    }
+}
+
+/// One request in flight. Dropped when its response body has been sent (or dropped
+/// unsent), which makes the connection idle again if it was the last one.
+pub struct InFlight(Arc<Slot>);
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("id", &self.0.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InFlight {
+    /// Moves the guard into `response`'s body, so the request ends with the body.
+    pub fn carry<B>(self, response: http::Response<B>) -> http::Response<TrackedBody<B>> {
+        response.map(|inner| TrackedBody {
+            inner,
+            _in_flight: self,
+        })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let slot = &self.0;
+        // The idle time is stored before the count drops, so whoever sees the connection
+        // idle also sees when it became so.
+        slot.idle_since_ms
+            .store(slot.signals.now_ms(), Ordering::Release);
+        let before = slot.state.fetch_sub(1, Ordering::AcqRel);
+        if before & !CLOSING == 1 && slot.signals.waiting.load(Ordering::Acquire) {
+            slot.signals.freed.notify_one();
+        }
+    }
+}
+
+/// A response body that ends its request's [`InFlight`] when hyper drops it.
+pub struct TrackedBody<B> {
+    inner: B,
+    _in_flight: InFlight,
+}
+
+impl<B> std::fmt::Debug for TrackedBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackedBody").finish_non_exhaustive()
+    }
+}
+
+impl<B: Body + Unpin> Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(max: usize) -> Connections {
+        Connections::new(ConnPolicy {
+            name: "test",
+            connections_max: max,
+            header_read_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(60),
+            on_close: None,
+        })
+    }
+
+    /// Goal: at the limit, the connection idle the longest is closed first, fresh ones
+    /// counting from admission; a busy one never is; when all are busy there is no room.
+    /// Method: paused clock; admit three, one second apart; make the oldest busy and let
+    /// the newest serve a request (idle since later); admit more and see who is evicted.
+    #[tokio::test(start_paused = true)]
+    async fn eviction_closes_the_longest_idle_first_and_never_a_busy_one() {
+        let conns = table(3);
+        let oldest = conns.try_admit().unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let second = conns.try_admit().unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let third = conns.try_admit().unwrap();
+        let busy = oldest.requests().enter();
+        // `third` serves a request that ends at t=3 s: idle since then.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        drop(third.requests().enter());
+        tokio::time::advance(Duration::from_secs(1)).await;
+
+        let fourth = conns.try_admit().unwrap();
+        assert!(
+            second.is_evicted(),
+            "second (fresh since 1 s) is idle the longest"
+        );
+        assert!(
+            !oldest.is_evicted() && !third.is_evicted(),
+            "oldest is busy; third idle since 3 s"
+        );
+        let fifth = conns.try_admit().unwrap();
+        assert!(
+            third.is_evicted(),
+            "next: third, idle since 3 s, before fourth (since 4 s)"
+        );
+        assert!(!oldest.is_evicted(), "a busy connection is never evicted");
+        // Make both remaining connections busy: no room any more.
+        let _fourth_busy = fourth.requests().enter();
+        let _fifth_busy = fifth.requests().enter();
+        assert!(conns.try_admit().is_none(), "every connection is busy");
+        // The busy `oldest` ends its request: it is now the only idle one.
+        drop(busy);
+        let _sixth = conns.try_admit().unwrap();
+        assert!(oldest.is_evicted(), "oldest turned idle and is taken");
+        // Evicted connections stay live until their tasks end.
+        assert_eq!(conns.live(), 6);
+        drop((oldest, second, third));
+        assert_eq!(conns.live(), 3);
+    }
+
+    /// Goal: a waiting `admit` gets a slot when a busy connection turns idle.
+    /// Method: a limit of 1, the one connection busy; wait in `admit` while the request
+    /// ends from another task.
+    #[tokio::test]
+    async fn admit_waits_for_a_connection_to_turn_idle() {
+        let conns = table(1);
+        let only = conns.try_admit().unwrap();
+        let busy = only.requests().enter();
+        let waiter = tokio::spawn({
+            let conns = conns.clone();
+            async move { conns.admit().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "no room while the only connection is busy"
+        );
+        drop(busy);
+        let admitted = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(only.is_evicted());
+        drop(admitted);
+    }
+
+    /// Goal: a request that enters while the connection is claimed still counts, and an
+    /// eviction scan never picks a connection whose request is in flight.
+    /// Method: claim by hand, enter, then check the state word and the scan.
+    #[tokio::test]
+    async fn a_claimed_connection_with_a_request_is_not_claimed_again() {
+        let conns = table(1);
+        let only = conns.try_admit().unwrap();
+        let _busy = only.requests().enter();
+        assert!(!only.slot.claim_idle(), "busy: not claimable");
+        let mut open = conns.table.open();
+        assert!(evict_oldest_idle(&mut open.slots).is_none());
+    }
+
+    /// Goal: the close hook hears each eviction once, under its reason.
+    /// Method: a hook counting into a static; evict one connection.
+    #[tokio::test]
+    async fn eviction_is_reported_to_the_close_hook() {
+        static EVICTED: AtomicUsize = AtomicUsize::new(0);
+        fn hook(_: &'static str, reason: CloseReason) {
+            if reason == CloseReason::EvictedIdle {
+                EVICTED.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let conns = Connections::new(ConnPolicy {
+            on_close: Some(hook),
+            ..table(1).policy().clone()
+        });
+        let _first = conns.try_admit().unwrap();
+        let _second = conns.try_admit().unwrap();
+        assert_eq!(EVICTED.load(Ordering::SeqCst), 1);
+        assert_eq!(CloseReason::EvictedIdle.as_str(), "evicted-idle");
+    }
+}

@@ -1,0 +1,321 @@
+//! Connections that cannot be starved, end to end: clients that connect and send nothing,
+//! on the data port and on the admin port, against the real `palisade` binary.
+//!
+//! The bounds asserted here (a new client answered within 1 s under 1,100 idle
+//! connections; the announce landing within 1 s under 70 idle admin connections) are the
+//! proxy's stated requirements, not measurements: each is generous for an exchange on
+//! loopback that takes a few milliseconds.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use palisade_cluster::{ClusterOptions, ClusterSpec};
+use palisade_protocol::DEFAULT_SCOPE;
+use palisade_tests::client::send;
+use palisade_tests::process::{start_cluster, start_proxy};
+use palisade_tests::wait;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+
+/// Idle connections opened on the data port: more than its default `connections_max`
+/// (1,024).
+const DATA_FLOOD_CONNECTIONS: u32 = 1_100;
+/// The data port's default `connections_max`.
+const DATA_CONNECTIONS_MAX_DEFAULT: u32 = 1_024;
+/// Idle connections kept open on the admin port: more than its default
+/// `limits.admin_connections_max` (64).
+const ADMIN_FLOOD_CONNECTIONS: usize = 70;
+/// The requirement: a new client is answered, and an announce lands, within this.
+const REQUIRED_WITHIN: Duration = Duration::from_secs(1);
+/// Generous bound for an election at 20 ms ticks on a loaded 2-core machine.
+const ELECTION_TIMEOUT: Duration = Duration::from_secs(20);
+/// Descriptors this test process needs: the flood, plus the harness's own.
+const TEST_FDS_NEEDED: u64 = 4_096;
+/// Pause of an admin flood connection between being closed and reconnecting. Not a wait
+/// for a condition: it paces the flood, so that the churn of reconnects it causes (each
+/// reconnect closes another idle flood connection) does not take the machine's two cores
+/// from the cluster under test.
+const FLOOD_RECONNECT_PACE_MS: u64 = 50;
+
+fn write_config(dir: &std::path::Path, text: &str) -> String {
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// Raises this process's soft file-descriptor limit to `needed` if it is below, within
+/// the hard limit; panics if the hard limit is too small for the test. (nix's `resource`
+/// feature is on through `palisade-proxy`, which raises its own limit the same way.)
+fn raise_own_fd_limit(needed: u64) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if soft >= needed {
+        return;
+    }
+    assert!(
+        hard >= needed,
+        "this test needs {needed} file descriptors; the hard limit is {hard}"
+    );
+    setrlimit(Resource::RLIMIT_NOFILE, needed, hard).unwrap();
+}
+
+/// The value of the counter `name` whose labels include every one of `labels`
+/// (`key="value"`), in a Prometheus text page; 0 when absent.
+fn counter(page: &str, name: &str, labels: &[&str]) -> f64 {
+    page.lines()
+        .filter(|line| line.starts_with(&format!("{name}{{")))
+        .filter(|line| labels.iter().all(|l| line.contains(l)))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The proxy's metrics page, read through its admin API.
+async fn metrics(admin: SocketAddr) -> String {
+    send(
+        http::Method::GET,
+        &format!("http://{admin}/metrics"),
+        &[],
+        "",
+    )
+    .await
+    .text()
+}
+
+/// Closes counted by the proxy's listener `listener` for `reason`.
+async fn closes(admin: SocketAddr, listener: &str, reason: &str) -> f64 {
+    counter(
+        &metrics(admin).await,
+        "palisade_proxy_connection_closes_total",
+        &[
+            &format!("listener=\"{listener}\""),
+            &format!("reason=\"{reason}\""),
+        ],
+    )
+}
+
+/// One request on a new connection (`connection: close`): the status line, or what the
+/// failure was.
+async fn fresh_request(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    match stream.read_to_end(&mut answer).await {
+        Ok(_) => String::from_utf8_lossy(&answer)
+            .lines()
+            .next()
+            .unwrap_or("(closed without an answer)")
+            .to_owned(),
+        Err(e) => format!("(read failed: {e})"),
+    }
+}
+
+/// Goal: 1,100 connections that send nothing do not lock anyone out of the data port: a
+/// new client is answered within 1 s (the requirement), because at `connections_max` the
+/// connections idle the longest are closed to admit new ones.
+/// Method: a proxy with the default `connections_max` (1,024) and a 60 s header timeout
+/// (so no timeout can be what frees a slot); open 1,100 silent connections and wait until
+/// the proxy has accepted them all (its evicted-idle count reaches the 76 over the limit);
+/// then time one request on a new connection, and check the eviction counter moved.
+#[tokio::test]
+async fn idle_flood_on_the_data_port_does_not_lock_out_a_new_client() {
+    crate::use_tested_binary();
+    raise_own_fd_limit(TEST_FDS_NEEDED);
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "[limits]\nheader_read_timeout_ms = 60000\n");
+    let proxy = start_proxy(dir.path(), &["--config", &config]);
+
+    let mut idle = Vec::new();
+    for _ in 0..DATA_FLOOD_CONNECTIONS {
+        idle.push(TcpStream::connect(proxy.addr).await.unwrap());
+    }
+    let over = f64::from(DATA_FLOOD_CONNECTIONS - DATA_CONNECTIONS_MAX_DEFAULT);
+    let before = wait::until(
+        "the proxy to accept the whole flood",
+        Duration::from_secs(30),
+        || async {
+            let evicted = closes(proxy.admin, "client", "evicted-idle").await;
+            (evicted >= over).then_some(evicted)
+        },
+    )
+    .await;
+
+    let started = Instant::now();
+    let status = fresh_request(proxy.addr, "/connections/probe").await;
+    let elapsed = started.elapsed();
+    eprintln!(
+        "new client under {DATA_FLOOD_CONNECTIONS} idle connections: {status} in {elapsed:?}"
+    );
+    assert!(
+        status.starts_with("HTTP/1.1 "),
+        "the new client was answered by the proxy: {status}"
+    );
+    assert!(
+        elapsed <= REQUIRED_WITHIN,
+        "a new client under {DATA_FLOOD_CONNECTIONS} idle connections must be answered \
+         within {REQUIRED_WITHIN:?}; took {elapsed:?}"
+    );
+    let after = closes(proxy.admin, "client", "evicted-idle").await;
+    assert!(
+        after > before,
+        "the new client was admitted by closing an idle connection ({before} -> {after})"
+    );
+    drop(idle);
+}
+
+/// Goal: a connection that sends nothing is closed at the header timeout counted from
+/// accept, and counted as `header-timeout`.
+/// Method: a 500 ms header timeout; connect, send nothing, read until the proxy closes
+/// the connection; it must close after about 500 ms (not before 450) and well before
+/// the default 10 s; then check the counter.
+#[tokio::test]
+async fn silent_connection_is_closed_at_the_header_timeout_from_accept() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "[limits]\nheader_read_timeout_ms = 500\n");
+    let proxy = start_proxy(dir.path(), &["--config", &config]);
+
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(8), silent.read(&mut buf)).await;
+    let elapsed = started.elapsed();
+    eprintln!("silent connection closed after {elapsed:?} (header timeout 500 ms)");
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the proxy closed the silent connection within 8 s, sending nothing: {read:?}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(450),
+        "closed after {elapsed:?}, before its 500 ms header timeout"
+    );
+    wait::until(
+        "the header-timeout close to be counted",
+        Duration::from_secs(5),
+        || async { (closes(proxy.admin, "client", "header-timeout").await >= 1.0).then_some(()) },
+    )
+    .await;
+}
+
+/// Keeps `count` connections that send nothing open to `addr` until dropped: each one the
+/// server closes is opened again (after [`FLOOD_RECONNECT_PACE_MS`]). Counts reconnects.
+fn hold_idle_connections(
+    addr: SocketAddr,
+    count: usize,
+) -> (JoinSet<()>, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let reconnects = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut set = JoinSet::new();
+    for _ in 0..count {
+        let reconnects = std::sync::Arc::clone(&reconnects);
+        set.spawn(async move {
+            let mut pace = tokio::time::interval(Duration::from_millis(FLOOD_RECONNECT_PACE_MS));
+            loop {
+                pace.tick().await;
+                let Ok(mut stream) = TcpStream::connect(addr).await else {
+                    continue;
+                };
+                let mut buf = [0u8; 512];
+                // Hold it until the server closes it.
+                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
+    (set, reconnects)
+}
+
+/// Goal: 70 idle connections on the admin port (limit 64) do not delay the announce: the
+/// proxy's fence reaches a new leader's term within 1 s (the requirement) of the new
+/// leader's token appearing in its leader view.
+/// Method: a 3-node cluster announcing to the proxy; keep 70 silent connections open on
+/// the proxy's admin port for the whole test (each one closed is reopened); elect, see the
+/// first token at the proxy (through the flooded admin port: the operator path), pause
+/// the leader, poll the other nodes' leader views until one shows a new token, and time
+/// from then until the proxy's fence equals it. The eviction counter shows the flood was
+/// met by closing idle connections.
+#[tokio::test]
+async fn idle_flood_on_the_admin_port_does_not_delay_the_announce() {
+    crate::use_tested_binary();
+    raise_own_fd_limit(TEST_FDS_NEEDED);
+    let dir = tempfile::tempdir().unwrap();
+    let spec = ClusterSpec {
+        nodes: 3,
+        node_flags: vec!["--tick-ms".into(), "20".into()],
+        proxy_flags: Vec::new(),
+    };
+    let cluster = start_cluster(dir.path(), &spec, &ClusterOptions::default());
+    let admin = cluster.proxy.admin;
+    let (flood, reconnects) = hold_idle_connections(admin, ADMIN_FLOOD_CONNECTIONS);
+
+    let first = cluster
+        .wait_for_leader(0, None, ELECTION_TIMEOUT)
+        .await
+        .expect("a first leader");
+    let old = first.token.unwrap();
+    wait::until("the first token at the proxy", ELECTION_TIMEOUT, || async {
+        cluster
+            .proxy_fence(DEFAULT_SCOPE)
+            .await
+            .filter(|&f| f == old)
+    })
+    .await;
+    // The flood is at the admin port's limit before the election starts.
+    wait::until(
+        "the admin flood to be met by evictions",
+        ELECTION_TIMEOUT,
+        || async { (closes(admin, "admin", "evicted-idle").await >= 1.0).then_some(()) },
+    )
+    .await;
+
+    let paused = cluster.node(first.node_id).unwrap();
+    paused.guard.pause().unwrap();
+    let others: Vec<_> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.id() != first.node_id)
+        .collect();
+    let (new, seen_at) = wait::until(
+        "a new leader's token in its leader view",
+        ELECTION_TIMEOUT,
+        || async {
+            for node in &others {
+                if let Some(token) = node.leadership().await.and_then(|l| l.token)
+                    && token > old
+                {
+                    return Some((token, Instant::now()));
+                }
+            }
+            None
+        },
+    )
+    .await;
+    wait::until("the new token at the proxy", ELECTION_TIMEOUT, || async {
+        cluster
+            .proxy_fence(DEFAULT_SCOPE)
+            .await
+            .filter(|&f| f >= new)
+    })
+    .await;
+    let elapsed = seen_at.elapsed();
+    paused.guard.resume().unwrap();
+    eprintln!(
+        "announce under {ADMIN_FLOOD_CONNECTIONS} idle admin connections: fence {new} at the \
+         proxy {elapsed:?} after the leader view showed it; {} flood reconnects",
+        reconnects.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(
+        elapsed <= REQUIRED_WITHIN,
+        "under {ADMIN_FLOOD_CONNECTIONS} idle admin connections the announce must land \
+         within {REQUIRED_WITHIN:?} of the new token; took {elapsed:?}"
+    );
+    assert!(
+        reconnects.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the proxy closed idle flood connections rather than refusing the announce"
+    );
+    drop(flood);
+}
