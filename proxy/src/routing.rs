@@ -121,7 +121,8 @@ impl Classifier {
                     parts.method
                 )));
             }
-            return self.decide(parts, None, Ok(DEFAULT_SCOPE.to_owned()), upgrade_asked);
+            let scope = self.scope(None, Ok(DEFAULT_SCOPE.to_owned()), client_scope(parts)?)?;
+            return self.decide(parts, None, scope, upgrade_asked);
         }
         let paths = readings(raw)?;
         let header = client_scope(parts)?;
@@ -139,17 +140,18 @@ impl Classifier {
             )));
         }
         let route = first.route.and_then(|i| self.routes.get(i));
-        let scope = self.scope(route, first.scope, header);
+        let scope = self.scope(route, first.scope, header)?;
         self.decide(parts, route, scope, upgrade_asked)
     }
 
     /// Finishes a decision once the route is known: the class, the upgrade rule, and the
-    /// scope, which is needed only when the request is fenced.
+    /// scope, which is needed only when the request is fenced (`Err` says why the route
+    /// gives none).
     fn decide(
         &self,
         parts: &Parts,
         route: Option<&Route>,
-        scope: Result<String, ProxyError>,
+        scope: Result<String, String>,
         upgrade_asked: bool,
     ) -> Result<Decision, ProxyError> {
         if upgrade_asked && !route.is_some_and(|r| r.upgrade) {
@@ -173,7 +175,7 @@ impl Classifier {
         let fenced = class == Class::Write || self.fence_reads;
         let scope = match scope {
             Ok(scope) => scope,
-            Err(err) if fenced => return Err(err),
+            Err(reason) if fenced => return Err(bad_scope(reason)),
             // An unfenced read needs no scope (`GET /` lists S3 buckets and has no
             // bucket segment); `default` only labels its log line.
             Err(_) => DEFAULT_SCOPE.to_owned(),
@@ -244,16 +246,22 @@ impl Classifier {
     }
 
     /// The request's scope: its route's, else the client's `Fencing-Scope` (if allowed),
-    /// else `default`. A `Fencing-Scope` that contradicts the route, or that is sent when
-    /// client scopes are off, is refused rather than silently ignored.
+    /// else `default`. A `Fencing-Scope` that contradicts the route, that breaks the scope
+    /// rule, or that is sent when client scopes are off, is refused (the outer error) on
+    /// every request, reads included, rather than silently ignored. The inner `Err` is a
+    /// route that gives no scope for this path (no such segment), which only matters to
+    /// a fenced request.
     fn scope(
         &self,
         route: Option<&Route>,
         resolved: Result<String, String>,
         header: Option<String>,
-    ) -> Result<String, ProxyError> {
+    ) -> Result<Result<String, String>, ProxyError> {
         let scope = match (route, header) {
             (None, None) => DEFAULT_SCOPE.to_owned(),
+            // Naming the scope the proxy picks anyway chooses nothing (a client that
+            // takes its scope from a node of the `default` scope sends it).
+            (None, Some(h)) if h == DEFAULT_SCOPE => h,
             (None, Some(_)) if !self.client_scopes => {
                 return Err(bad_scope(
                     "client-chosen scopes are off: Fencing-Scope is refused unless the proxy \
@@ -274,7 +282,10 @@ impl Classifier {
                 h
             }
             (Some(r), header) => {
-                let fixed = resolved.map_err(bad_scope)?;
+                let fixed = match resolved {
+                    Ok(fixed) => fixed,
+                    Err(reason) => return Ok(Err(reason)),
+                };
                 // Naming the route's own scope chooses nothing, so it is accepted even
                 // with client scopes off.
                 if let Some(h) = header
@@ -289,7 +300,7 @@ impl Classifier {
             }
         };
         Scope::check(&scope).map_err(|reason| bad_scope(reason.to_string()))?;
-        Ok(scope)
+        Ok(Ok(scope))
     }
 }
 

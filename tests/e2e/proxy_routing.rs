@@ -38,7 +38,7 @@ struct RawAnswer {
 async fn raw(addr: SocketAddr, method: &str, target: &str, headers: &[(&str, &str)]) -> RawAnswer {
     let mut request = format!("{method} {target} HTTP/1.1\r\nHost: storage.test\r\n");
     for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
+        request.extend([*name, ": ", *value, "\r\n"]);
     }
     request.push_str("Content-Length: 1\r\nConnection: close\r\n\r\nx");
     let exchange = async {
@@ -133,6 +133,9 @@ async fn bypass_paths_are_refused_and_never_forwarded() {
     assert_eq!(admin(&proxy).fence(DEFAULT_SCOPE).await.unwrap().token, 0);
 }
 
+/// A raw request and the status it must get: method, target, headers, status.
+type Case<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)], u16);
+
 /// Goal: every method that is not a configured read (any case, any extension, an
 /// override naming a write, an upgrade) needs a token, and CONNECT is refused; none of
 /// them reaches the upstream.
@@ -144,7 +147,7 @@ async fn unlisted_methods_are_fenced_and_never_forwarded() {
     let dir = tempfile::tempdir().unwrap();
     let (upstream, proxy) = proxy_with_upstream(dir.path(), "").await;
     let none: &[(&str, &str)] = &[];
-    let cases: [(&str, &str, &[(&str, &str)], u16); 12] = [
+    let cases: [Case; 12] = [
         ("put", "/k", none, 428),
         ("get", "/k", none, 428),
         ("MOVE", "/k", &[("Destination", "/l")], 428),
@@ -199,7 +202,7 @@ async fn unlisted_methods_are_fenced_and_never_forwarded() {
 /// Goal: a client cannot escape a fence by naming another scope: with client scopes off
 /// (the default) `Fencing-Scope` is refused with 400, so a token-1 write cannot overwrite
 /// an object written with token MAX.
-/// Method: write `/obj` with token u64::MAX, then with token 1 and `Fencing-Scope:
+/// Method: write `/obj` with token `u64::MAX`, then with token 1 and `Fencing-Scope:
 /// other`; read the answer, the upstream's log and both fences.
 #[tokio::test]
 async fn a_chosen_scope_cannot_escape_the_fence() {
@@ -233,7 +236,7 @@ async fn a_chosen_scope_cannot_escape_the_fence() {
 /// Goal: at `limits.scopes_max` a new scope is a 507 problem+json `scopes-full`, counted
 /// as a rejection and not forwarded, while `default` and a route's scope (reserved, not
 /// counted) still work, also after a restart.
-/// Method: scopes_max = 2 with client scopes on and a route `/billing/`; write scopes
+/// Method: `scopes_max = 2` with client scopes on and a route `/billing/`; write scopes
 /// `a` and `b`, then `c`; then `default` and `/billing/x`; read the metrics; restart and
 /// try `c` and a raise of `billing` again.
 #[tokio::test]

@@ -35,7 +35,7 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "PALISADE_FENCE_READS")]
     fence_reads: bool,
     /// Let clients choose their scope with the Fencing-Scope header where no route fixes
-    /// it (client_scopes = true). Off by default: a client-chosen scope is not tied to the
+    /// it (`client_scopes = true`). Off by default: a client-chosen scope is not tied to the
     /// resource written, so a client could pick a scope whose fence is lower.
     #[arg(long, env = "PALISADE_CLIENT_SCOPES")]
     client_scopes: bool,

@@ -352,6 +352,25 @@ fn client_scopes_are_off_by_default_and_bounded_by_routes() {
         outcome(&off, "PUT", "/k", &[(s, "a"), (s, "a")]),
         "400 bad-scope"
     );
+    // Naming the scope the proxy would pick anyway is not a choice.
+    assert_eq!(
+        outcome(&off, "PUT", "/k", &[(s, "default")]),
+        "write default"
+    );
+    assert_eq!(
+        outcome(&off, "PUT", "/billing/a", &[(s, "default")]),
+        "400 bad-scope"
+    );
+    // Reads too: a client that chose a scope is told at once, not at its first write.
+    assert_eq!(outcome(&off, "GET", "/k", &[(s, "other")]), "400 bad-scope");
+    assert_eq!(
+        outcome(&off, "GET", "/billing/a", &[(s, "other")]),
+        "400 bad-scope"
+    );
+    assert_eq!(
+        outcome(&off, "OPTIONS", "*", &[(s, "other")]),
+        "400 bad-scope"
+    );
 
     let on = classifier(&ProxyConfig {
         client_scopes: true,
