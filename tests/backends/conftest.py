@@ -349,21 +349,32 @@ class StaleWriter:
         return json.loads(self.result.read_text())
 
 
-def gc_paused_writer_is_refused(tmp: Path, proxy: Proxy, scope: str, spec: dict, fresh_write, backend_value):
+# How leadership moves away from the paused writer's leader: a transfer (the leader
+# hands over) or a crash (kill -9: the other two elect a new leader).
+LEADERSHIP_MOVES = ["transfer", "kill"]
+
+
+def gc_paused_writer_is_refused(tmp: Path, proxy: Proxy, scope: str, spec: dict, fresh_write, backend_value,
+                                move: str = "transfer"):
     """The stale-writer scenario shared by every backend, with real processes.
 
-    A 3-node cluster announces its tokens for ``scope`` to ``proxy``. The writer takes the
-    leader's token and freezes before its write (``spec``); leadership moves; the new
-    leader's token is announced, and ``fresh_write(token)`` writes the new value through
-    the proxy. The writer resumes: its write must get 409, and ``backend_value()``, read
-    from the backend directly, must still be the new value. Returns (old, new) tokens."""
+    A 3-node cluster announces its tokens for ``scope`` to ``proxy``. The writer takes
+    the leader's token and freezes before its write (``spec``); leadership moves
+    (``move``: transferred, or the leader killed with SIGKILL); the new leader's token
+    is announced, and ``fresh_write(token)`` writes the new value through the proxy. The
+    writer resumes: its write must get 409, and ``backend_value()``, read from the
+    backend directly, must still be the new value. Returns the old and new tokens and
+    that value."""
     cluster = Cluster(tmp / "cluster", scope, proxy.admin)
     try:
         first = cluster.wait_leader()
         node_urls = [cluster.api(i) for i in cluster.nodes]
         writer = StaleWriter(tmp / "writer", node_urls, spec)
         assert writer.token == first["token"]
-        cluster.transfer_away(first["node_id"])
+        if move == "transfer":
+            cluster.transfer_away(first["node_id"])
+        else:
+            cluster.nodes[first["node_id"]].stop()
         second = cluster.wait_leader(above=first["token"])
         assert proxy.fence(scope) == second["token"], "the announce did not raise the proxy's fence"
         fresh_write(second["token"])

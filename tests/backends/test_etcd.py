@@ -11,9 +11,20 @@ import json
 
 import pytest
 
-from conftest import Process, Proxy, example, free_port, gc_paused_writer_is_refused, http, http_json, \
-    is_problem, proxy_config, tool, wait_until
-
+from conftest import (
+    LEADERSHIP_MOVES,
+    Process,
+    Proxy,
+    example,
+    free_port,
+    gc_paused_writer_is_refused,
+    http,
+    http_json,
+    is_problem,
+    proxy_config,
+    tool,
+    wait_until,
+)
 SCOPE = "etcd"
 
 
@@ -74,19 +85,20 @@ def call(proxy, path: str, payload, token=None):
 
 def test_puts_and_deletes_are_fenced_writes(proxy, etcd):
     """Goal: put and deleterange need a current token, and a refused one never reaches
-    etcd. Method: put with token 1; put without a token (428) and with a stale token
-    after the fence is raised to 2 (409); deleterange without a token and with the stale
-    one; etcd directly still holds the first value; then token 2 deletes it."""
-    status, _ = call(proxy, "/v3/kv/put", {"key": b64("fenced"), "value": b64("one")}, token=1)
+    etcd. Method: put with the next token N; put without a token (428) and, after the
+    fence is raised to N+1, with N (409); deleterange without a token and with N; etcd
+    directly still holds the first value; then N+1 deletes it."""
+    n = proxy.fence(SCOPE) + 1
+    status, _ = call(proxy, "/v3/kv/put", {"key": b64("fenced"), "value": b64("one")}, token=n)
     assert status == 200
-    assert proxy.fence(SCOPE) == 1
+    assert proxy.fence(SCOPE) == n
     assert call(proxy, "/v3/kv/put", {"key": b64("fenced"), "value": b64("none")})[0] == 428
-    proxy.advance(SCOPE, 2)
-    assert call(proxy, "/v3/kv/put", {"key": b64("fenced"), "value": b64("stale")}, token=1)[0] == 409
+    proxy.advance(SCOPE, n + 1)
+    assert call(proxy, "/v3/kv/put", {"key": b64("fenced"), "value": b64("stale")}, token=n)[0] == 409
     assert call(proxy, "/v3/kv/deleterange", {"key": b64("fenced")})[0] == 428
-    assert call(proxy, "/v3/kv/deleterange", {"key": b64("fenced")}, token=1)[0] == 409
+    assert call(proxy, "/v3/kv/deleterange", {"key": b64("fenced")}, token=n)[0] == 409
     assert etcd.value("fenced") == "one"
-    status, body = call(proxy, "/v3/kv/deleterange", {"key": b64("fenced")}, token=2)
+    status, body = call(proxy, "/v3/kv/deleterange", {"key": b64("fenced")}, token=n + 1)
     assert status == 200 and body.get("deleted") == "1", body
     assert etcd.value("fenced") is None
 
@@ -129,13 +141,14 @@ def test_spellings_of_put_do_not_escape_the_fence(proxy, etcd, path):
     assert etcd.value("spelled") == "original"
 
 
-def test_a_gc_paused_etcd_writer_is_refused(etcd, tmp_path):
-    """Goal: a writer frozen between taking its token and writing cannot overwrite the
-    new leader's key. Method: a 3-node cluster for scope etcd announcing to the proxy;
-    the writer process stops itself (SIGSTOP) after taking the token; leadership is
-    transferred; the new token puts; SIGCONT: the stale put gets 409, and etcd directly
-    holds the new leader's value. The proxy is this test's own, so that its fence starts
-    at 0, where a new cluster's first term is accepted."""
+@pytest.mark.parametrize("move", LEADERSHIP_MOVES)
+def test_a_gc_paused_etcd_writer_is_refused(etcd, tmp_path, move):
+    """Goal: a writer frozen between taking its token and writing cannot overwrite the new
+    leader's key. Method: a 3-node cluster for scope etcd announcing to the proxy; the
+    writer process stops itself (SIGSTOP) after taking the token; leadership moves
+    (transferred, or the leader killed); the new token puts; SIGCONT: the stale put gets
+    409, and etcd directly holds the new leader's value. The proxy is this test's own,
+    so that its fence starts at 0, where a new cluster's first term is accepted."""
     proxy = Proxy(tmp_path / "proxy", proxy_config(tmp_path / "proxy", "proxy-etcd.toml"), etcd.url)
 
     def fresh_write(token):
@@ -147,7 +160,7 @@ def test_a_gc_paused_etcd_writer_is_refused(etcd, tmp_path):
             "body": '{"key": "%s", "value": "%s"}' % (b64("leader"), b64("stale leader"))}
     try:
         old, new, stored = gc_paused_writer_is_refused(tmp_path, proxy, SCOPE, spec, fresh_write,
-                                                       lambda: etcd.value("leader"))
+                                                       lambda: etcd.value("leader"), move)
     finally:
         proxy.stop()
     assert new > old

@@ -27,7 +27,14 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from conftest import Proxy, gc_paused_writer_is_refused, http as http_request, is_problem, proxy_config
+from conftest import (
+    LEADERSHIP_MOVES,
+    Proxy,
+    gc_paused_writer_is_refused,
+    http as http_request,
+    is_problem,
+    proxy_config,
+)
 from garage import Garage
 from s3 import REGION, s3_client
 
@@ -91,7 +98,8 @@ def header_recorder(client):
     sent = []
 
     def record(request, **_):
-        sent.append({k.lower(): (v.decode() if isinstance(v, bytes) else v) for k, v in request.headers.items()})
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        sent.append({k: (v.decode() if isinstance(v, bytes) else v) for k, v in headers.items()})
 
     client.meta.events.register("before-send.s3.*", record)
     return sent
@@ -310,22 +318,25 @@ def test_a_virtual_host_style_write_cannot_reach_a_fenced_bucket(proxy, garage):
     assert direct(garage).get_object(Bucket="hosted", Key="k")["Body"].read() == b"original"
 
 
-def test_a_gc_paused_s3_writer_is_refused(proxy, garage, tmp_path):
+@pytest.mark.parametrize("move", LEADERSHIP_MOVES)
+def test_a_gc_paused_s3_writer_is_refused(proxy, garage, tmp_path, move):
     """Goal: a writer frozen between taking its token and writing cannot overwrite the
     new leader's object. Method: a 3-node cluster for the bucket's scope announcing to
     the proxy; the writer process stops itself (SIGSTOP) after taking the token;
-    leadership is transferred; the new token writes; SIGCONT: the stale PUT gets 409, and
-    Garage directly holds the new leader's object."""
-    garage.create_bucket("paused")
+    leadership moves (transferred, or the leader killed); the new token writes; SIGCONT:
+    the stale PUT gets 409, and Garage directly holds the new leader's object. Each case
+    has its own bucket, so its scope's fence starts at 0."""
+    bucket = f"paused-{move}"
+    garage.create_bucket(bucket)
 
     def fresh_write(token):
         client = through(proxy, garage, Token(token))
-        assert status_of(lambda: client.put_object(Bucket="paused", Key="k", Body=b"new leader")) == 200
+        assert status_of(lambda: client.put_object(Bucket=bucket, Key="k", Body=b"new leader")) == 200
 
-    spec = {"kind": "s3", "endpoint": proxy.url, "bucket": "paused", "key": "k", "body": "stale leader",
+    spec = {"kind": "s3", "endpoint": proxy.url, "bucket": bucket, "key": "k", "body": "stale leader",
             "access_key": garage.access_key, "secret_key": garage.secret_key}
     old, new, stored = gc_paused_writer_is_refused(
-        tmp_path, proxy, "paused", spec, fresh_write,
-        lambda: direct(garage).get_object(Bucket="paused", Key="k")["Body"].read())
+        tmp_path, proxy, bucket, spec, fresh_write,
+        lambda: direct(garage).get_object(Bucket=bucket, Key="k")["Body"].read(), move)
     assert new > old
     assert stored == b"new leader"

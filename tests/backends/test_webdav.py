@@ -10,9 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Process, Proxy, example, free_port, gc_paused_writer_is_refused, http, is_problem, \
-    port_open, proxy_config, tool, wait_until
-
+from conftest import (
+    LEADERSHIP_MOVES,
+    Process,
+    Proxy,
+    example,
+    free_port,
+    gc_paused_writer_is_refused,
+    http,
+    is_problem,
+    port_open,
+    proxy_config,
+    tool,
+    wait_until,
+)
 SCOPE = "dav"
 
 
@@ -60,7 +71,9 @@ def req(proxy, method, path, body=b"", token=None, **headers):
 
 def snapshot(root: Path) -> dict:
     """Every file and directory under the share, with file contents."""
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))
+    }
 
 
 def test_get_and_propfind_are_reads_without_a_token(proxy, dav):
@@ -132,12 +145,14 @@ def test_method_spellings_and_overrides_are_fenced(proxy, dav, method, headers):
     assert snapshot(dav.root) == before
 
 
-def test_a_gc_paused_webdav_writer_is_refused(dav, tmp_path):
-    """Goal: a writer frozen between taking its token and writing cannot overwrite the
-    new leader's file. Method: a 3-node cluster for scope dav announcing to a proxy of
-    this test's own (its fence starts at 0); the writer process stops itself (SIGSTOP)
-    after taking the token; leadership is transferred; the new token PUTs; SIGCONT: the
-    stale PUT gets 409, and the file on disk holds the new leader's bytes."""
+@pytest.mark.parametrize("move", LEADERSHIP_MOVES)
+def test_a_gc_paused_webdav_writer_is_refused(dav, tmp_path, move):
+    """Goal: a writer frozen between taking its token and writing cannot overwrite the new
+    leader's file. Method: a 3-node cluster for scope dav announcing to a proxy of this
+    test's own (its fence starts at 0); the writer process stops itself (SIGSTOP) after
+    taking the token; leadership moves (transferred, or the leader killed); the new
+    token PUTs; SIGCONT: the stale PUT gets 409, and the file on disk holds the new
+    leader's bytes."""
     proxy = Proxy(tmp_path / "proxy", proxy_config(tmp_path / "proxy", "proxy-webdav.toml"), dav.url)
 
     def fresh_write(token):
@@ -146,7 +161,7 @@ def test_a_gc_paused_webdav_writer_is_refused(dav, tmp_path):
     spec = {"kind": "http", "method": "PUT", "url": proxy.url + "/leader.txt", "body": "stale leader"}
     try:
         old, new, stored = gc_paused_writer_is_refused(tmp_path, proxy, SCOPE, spec, fresh_write,
-                                                       lambda: (dav.root / "leader.txt").read_bytes())
+                                                       lambda: (dav.root / "leader.txt").read_bytes(), move)
     finally:
         proxy.stop()
     assert new > old
