@@ -238,7 +238,7 @@ async fn a_chosen_scope_cannot_escape_the_fence() {
 /// counted) still work, also after a restart.
 /// Method: `scopes_max = 2` with client scopes on and a route `/billing/`; write scopes
 /// `a` and `b`, then `c`; then `default` and `/billing/x`; read the metrics; restart and
-/// try `c` and a raise of `billing` again.
+/// try `c` (on the data path and the admin API) and raises of `billing` and `default`.
 #[tokio::test]
 async fn scope_limit_is_507_and_reserved_scopes_stay_available() {
     crate::use_tested_binary();
@@ -308,6 +308,14 @@ async fn scope_limit_is_507_and_reserved_scopes_stay_available() {
     assert_eq!(admin.fence("billing").await.unwrap().token, 2);
     assert_eq!(admin.fence(DEFAULT_SCOPE).await.unwrap().token, 1);
     assert_eq!(admin.fence("c").await.unwrap().token, 0);
+    // The admin API's advance is the same admission, so the same answer.
+    let refused = admin.advance("c", 1).await.unwrap_err();
+    assert_eq!(
+        refused.status(),
+        Some(StatusCode::INSUFFICIENT_STORAGE),
+        "{refused}"
+    );
+    assert_eq!(admin.advance(DEFAULT_SCOPE, 5).await.unwrap().token, 5);
 }
 
 async fn scoped_after_restart(
