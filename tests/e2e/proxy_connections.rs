@@ -121,7 +121,8 @@ async fn fresh_request(addr: SocketAddr, path: &str) -> String {
 /// Method: a proxy with the default `connections_max` (1,024) and a 60 s header timeout
 /// (so no timeout can be what frees a slot); open 1,100 silent connections and wait until
 /// the proxy has accepted them all (its evicted-idle count reaches the 76 over the limit);
-/// then time one request on a new connection, and check the eviction counter moved.
+/// then time one request on a new connection, check the eviction counter moved and that
+/// the oldest connection was among those closed.
 #[tokio::test]
 async fn idle_flood_on_the_data_port_does_not_lock_out_a_new_client() {
     crate::use_tested_binary();
@@ -164,6 +165,13 @@ async fn idle_flood_on_the_data_port_does_not_lock_out_a_new_client() {
     assert!(
         after > before,
         "the new client was admitted by closing an idle connection ({before} -> {after})"
+    );
+    // Oldest idle first: the first connection opened was among those closed.
+    let mut buf = [0u8; 64];
+    let oldest = tokio::time::timeout(Duration::from_secs(5), idle[0].read(&mut buf)).await;
+    assert!(
+        matches!(oldest, Ok(Ok(0) | Err(_))),
+        "the oldest idle connection was closed, with nothing sent: {oldest:?}"
     );
     drop(idle);
 }

@@ -161,32 +161,53 @@ impl Slot {
             .is_ok()
     }
 
-    /// When to look at this slot again, and the reason to close it then if it is still
-    /// idle since `idle_since_ms` (the third value).
-    fn next_check(&self, policy: &ConnPolicy) -> (Instant, Option<CloseReason>, u64) {
+    /// What the connection's task does next: when to look at the slot again, and, if
+    /// the slot is idle, the reason and deadline to close it for.
+    fn next_check(&self, policy: &ConnPolicy) -> Check {
+        let now = Instant::now();
+        // Nothing signals the task when a request starts or ends, so it looks again at
+        // least this often: a connection that turns idle at `t` is then seen idle by
+        // `t + recheck`, at or before its close is due (`t + keepalive_timeout`), and a
+        // fresh connection that served a request moves to the keep-alive deadline in time.
+        let recheck = now + policy.header_read_timeout.min(policy.keepalive_timeout);
         let state = self.state.load(Ordering::Acquire);
         let since_ms = self.idle_since_ms.load(Ordering::Acquire);
         if state != 0 {
-            // Busy (or already closing): nothing can time out now. Looking again one
-            // keep-alive timeout later bounds how late an idle close can be: the request
-            // ends within that period, and the close is due one timeout after it ends.
-            return (Instant::now() + policy.keepalive_timeout, None, since_ms);
+            // Busy (or already closing): nothing can time out now.
+            return Check {
+                at: recheck,
+                close: None,
+                since_ms,
+            };
         }
         let since = self.signals.epoch + Duration::from_millis(since_ms);
-        if self.served.load(Ordering::Acquire) {
+        let (deadline, reason) = if self.served.load(Ordering::Acquire) {
             (
                 since + policy.keepalive_timeout,
-                Some(CloseReason::KeepaliveTimeout),
-                since_ms,
+                CloseReason::KeepaliveTimeout,
             )
         } else {
             (
                 since + policy.header_read_timeout,
-                Some(CloseReason::HeaderTimeout),
-                since_ms,
+                CloseReason::HeaderTimeout,
             )
+        };
+        Check {
+            at: deadline.min(recheck),
+            close: Some((reason, deadline)),
+            since_ms,
         }
     }
+}
+
+/// See [`Slot::next_check`].
+struct Check {
+    /// When to look again.
+    at: Instant,
+    /// For an idle slot: why and when it is to be closed.
+    close: Option<(CloseReason, Instant)>,
+    /// The slot's `idle_since_ms` this was computed from.
+    since_ms: u64,
 }
 
 struct Open {
@@ -444,7 +465,7 @@ impl Admitted {
         // Whether the close was ours and already counted.
         let mut counted = false;
         loop {
-            let (check_at, reason, since_ms) = self.slot.next_check(policy);
+            let check = self.slot.next_check(policy);
             tokio::select! {
                 ended = conn.as_mut() => {
                     return ended.map_err(|err| {
@@ -461,9 +482,10 @@ impl Admitted {
                     closing = true;
                     conn.as_mut().graceful_shutdown();
                 }
-                () = tokio::time::sleep_until(check_at), if !closing => {
-                    if let Some(reason) = reason
-                        && self.close_if_idle_since(since_ms)
+                () = tokio::time::sleep_until(check.at), if !closing => {
+                    if let Some((reason, deadline)) = check.close
+                        && Instant::now() >= deadline
+                        && self.close_if_idle_since(check.since_ms)
                     {
                         self.table.closed(reason);
                         counted = true;

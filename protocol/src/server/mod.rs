@@ -557,6 +557,63 @@ mod tests {
         let _ = stop.send(());
         server.await.unwrap();
     }
+
+    /// Goal: a keep-alive connection left idle after its response is closed at the
+    /// keep-alive timeout and counted as `keepalive-timeout`.
+    /// Method: a 300 ms keep-alive timeout under a 30 s header timeout (so only the
+    /// keep-alive timer can close it) and a counting hook; one keep-alive request, read
+    /// its answer, then read until the server closes (bounded at 10 s).
+    #[tokio::test]
+    async fn idle_keepalive_connection_is_closed_at_the_keepalive_timeout() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::AsyncReadExt as _;
+        static KEEPALIVE_TIMEOUTS: AtomicUsize = AtomicUsize::new(0);
+        fn hook(_: &'static str, reason: CloseReason) {
+            if reason == CloseReason::KeepaliveTimeout {
+                KEEPALIVE_TIMEOUTS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let limits = ControlLimits {
+            keepalive_timeout: Duration::from_millis(300),
+            on_close: Some(hook),
+            ..limits(4, Duration::from_secs(30))
+        };
+        let server = tokio::spawn(serve(
+            listener,
+            hanging_app(Arc::new(tokio::sync::Notify::new())),
+            limits,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /v1/x HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 512];
+        while !answer.ends_with(b"ok") {
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "closed before answering: {answer:?}");
+            answer.extend_from_slice(&buf[..n]);
+        }
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "closed by the server: {read:?}"
+        );
+        assert_eq!(KEEPALIVE_TIMEOUTS.load(Ordering::SeqCst), 1);
+        let _ = stop.send(());
+        server.await.unwrap();
+    }
 }
 
 #[cfg(test)]
@@ -686,6 +743,51 @@ mod tls_tests {
         let mut text = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut text)).await;
         assert!(!String::from_utf8_lossy(&text).contains("200"), "{text:?}");
+        let _ = stop.send(());
+        server.await.unwrap();
+    }
+
+    /// Goal: the TLS handshake counts within the header timeout: a client that opens a
+    /// TCP connection to a TLS listener and sends nothing is closed at that timeout.
+    /// Method: a 300 ms header timeout on `serve_tls`; connect, send nothing, read until
+    /// the server closes (bounded at 10 s, far above the timeout).
+    #[tokio::test]
+    async fn silent_connection_to_a_tls_listener_is_closed_at_the_header_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let _pki = pki(dir.path());
+        let acceptor = crate::tls::acceptor(
+            &dir.path().join("server.pem"),
+            &dir.path().join("server.key"),
+            None,
+        )
+        .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ControlLimits {
+            name: "test",
+            connections_max: 8,
+            header_read_timeout: Duration::from_millis(300),
+            keepalive_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(1),
+            on_close: None,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_tls(
+            listener,
+            super::tests::app(),
+            limits,
+            Some(acceptor),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "closed by the server: {read:?}"
+        );
         let _ = stop.send(());
         server.await.unwrap();
     }
