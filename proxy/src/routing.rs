@@ -9,7 +9,8 @@
 //!   write, never a write a read.
 //! - **Tunnels.** `CONNECT` is refused: a reverse proxy opens no tunnels, and its target
 //!   is not a path, so no route can allow it. An upgrade (`Upgrade` on HTTP/1, extended
-//!   CONNECT on HTTP/2) is refused unless its route has `upgrade = true`.
+//!   CONNECT on HTTP/2) is refused unless its route has `upgrade = true`; an offer of
+//!   `h2c` alone is ignored, as a server may.
 //! - **Paths.** Routes match the normalised path, so that no spelling of a path the
 //!   storage reads as the same resource escapes its route: unreserved characters are
 //!   percent-decoded, repeated slashes collapsed and dot segments removed. A path whose
@@ -110,7 +111,7 @@ impl Classifier {
                     .to_owned(),
             });
         }
-        let upgrade_asked = extended_connect || parts.headers.contains_key(header::UPGRADE);
+        let upgrade_asked = extended_connect || asks_upgrade(&parts.headers);
 
         let raw = parts.uri.path();
         if raw == "*" {
@@ -302,6 +303,25 @@ impl Classifier {
         Scope::check(&scope).map_err(|reason| bad_scope(reason.to_string()))?;
         Ok(Ok(scope))
     }
+}
+
+/// Whether an HTTP/1 request asks to switch protocols. An offer of `h2c` alone is not
+/// counted: it asks to speak HTTP/2 with the proxy itself on this connection (what
+/// `curl --http2` sends in cleartext), and a server may ignore it (RFC 9110 §7.8), as
+/// the proxy does: the request is served over HTTP/1.1 and the `Upgrade` header, being
+/// hop-by-hop, goes no further. Any other protocol, or an empty offer, is an upgrade.
+fn asks_upgrade(headers: &http::HeaderMap) -> bool {
+    let mut offers = headers.get_all(header::UPGRADE).iter().peekable();
+    if offers.peek().is_none() {
+        return false;
+    }
+    offers.any(|value| {
+        value.to_str().map_or(true, |v| {
+            v.split(',')
+                .map(str::trim)
+                .any(|protocol| !protocol.eq_ignore_ascii_case("h2c"))
+        })
+    })
 }
 
 /// The `Fencing-Scope` header, if one was sent.

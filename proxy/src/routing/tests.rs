@@ -271,6 +271,21 @@ fn route_classes_and_upgrades() {
     assert_eq!(outcome(&c, "GET", "/k", &up), "405 tunnel-refused");
     assert_eq!(outcome(&c, "GET", "/ws/chat", &up), "write ws");
     assert_eq!(outcome(&c, "GET", "/feed/x", &up), "read feed");
+    // An h2c offer is ignored, alone; with another protocol it is an upgrade.
+    let h2c = [
+        ("Upgrade", "h2c"),
+        ("Connection", "Upgrade, HTTP2-Settings"),
+    ];
+    assert_eq!(outcome(&c, "GET", "/k", &h2c), "read default");
+    assert!(!c.classify(&head("GET", "/k", &h2c)).unwrap().upgrade);
+    assert_eq!(
+        outcome(&c, "GET", "/k", &[("Upgrade", "h2c, websocket")]),
+        "405 tunnel-refused"
+    );
+    assert_eq!(
+        outcome(&c, "GET", "/k", &[("Upgrade", "")]),
+        "405 tunnel-refused"
+    );
     let d = c.classify(&head("GET", "/ws/chat", &up)).unwrap();
     assert!(d.upgrade);
     assert!(!c.classify(&head("GET", "/ws/chat", &[])).unwrap().upgrade);
