@@ -515,8 +515,10 @@ impl Admitted {
     }
 }
 
-/// Whether hyper ended the connection for its own header timer (HTTP/1 heads after the
-/// first byte, and heads on keep-alive connections).
+/// Whether hyper ended the connection for its own HTTP/1 head timer. That timer starts
+/// when hyper first reads for a head (at once under the HTTP/1 builder, only once the
+/// first bytes have told the `auto` builder the version) and again after each response
+/// on a keep-alive connection.
 fn is_hyper_header_timeout(err: &(dyn StdError + 'static)) -> bool {
     err.downcast_ref::<hyper::Error>()
         .is_some_and(hyper::Error::is_timeout)
