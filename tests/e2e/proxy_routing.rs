@@ -7,7 +7,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode};
+use bytes::Bytes;
+use http::{HeaderName, Method, Request, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN, PROBLEM_JSON};
 use palisade_tests::client::{put, send};
@@ -131,6 +135,52 @@ async fn bypass_paths_are_refused_and_never_forwarded() {
     assert_eq!(admitted.status, 200, "{}", admitted.text);
     assert_eq!(arrived_paths(&upstream), vec!["/%62illing/b".to_owned()]);
     assert_eq!(admin(&proxy).fence(DEFAULT_SCOPE).await.unwrap().token, 0);
+}
+
+/// Goal: over cleartext HTTP/2 (whose targets are absolute), bypass spellings and
+/// unlisted methods get the same safe answers as over HTTP/1.1, and nothing is forwarded.
+/// Method: the `/billing/` route with its fence at 100; an h2-only client sends token-1
+/// PUTs on bypass spellings and a MOVE without a token; read the statuses, the problem
+/// types and the upstream's log.
+#[tokio::test]
+async fn bypasses_over_h2c_get_the_same_answers() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, proxy) = proxy_with_upstream(dir.path(), BILLING_ROUTE).await;
+    admin(&proxy).advance("billing", 100).await.unwrap();
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let cases = [
+        ("PUT", "/%62illing/a", Some("1"), 409, "stale-token"),
+        ("PUT", "/BILLING/a", Some("1"), 409, "stale-token"),
+        ("PUT", "//billing/a", Some("1"), 400, "bad-path"),
+        ("PUT", "/x/../billing/a", Some("1"), 400, "bad-path"),
+        ("PUT", "/billing%2Fa", Some("1"), 400, "bad-path"),
+        ("MOVE", "/billing/a", None, 428, "missing-token"),
+        ("put", "/k", None, 428, "missing-token"),
+    ];
+    for (method, path, token, want, kind) in cases {
+        let mut request = Request::builder()
+            .method(Method::from_bytes(method.as_bytes()).unwrap())
+            .uri(proxy.url(path));
+        if let Some(token) = token {
+            request = request.header(FENCING_TOKEN, token);
+        }
+        let request = request.body(Full::new(Bytes::from_static(b"x"))).unwrap();
+        let response = client.request(request).await.unwrap();
+        assert_eq!(response.version(), Version::HTTP_2);
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(status, want, "{method} {path}: {body}");
+        assert!(body.contains(kind), "{method} {path}: {body}");
+    }
+    assert!(
+        upstream.arrived().is_empty(),
+        "nothing reached the upstream: {:?}",
+        arrived_paths(&upstream)
+    );
 }
 
 /// A raw request and the status it must get: method, target, headers, status.

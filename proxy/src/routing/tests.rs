@@ -135,6 +135,8 @@ fn bypass_spellings_never_escape_their_route() {
         ..ProxyConfig::default()
     });
     assert_eq!(outcome(&strict, "PUT", "/BILLING/a", &[]), "write default");
+    // An absolute-form target without a path is the root.
+    assert_eq!(outcome(&c, "PUT", "http://example.com", &[]), "write default");
     // Absolute-form (and HTTP/2) targets are routed by their path.
     assert_eq!(
         outcome(&c, "PUT", "http://example.com/%62illing/a", &[]),
