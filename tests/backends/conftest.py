@@ -240,6 +240,12 @@ class Proxy:
         status, body = http_json("POST", f"{self.admin}/v1/fences/{scope}", {"token": token})
         assert status == 200, (status, body)
 
+    def peak_rss_bytes(self) -> int:
+        """The proxy's peak resident memory so far (``VmHWM``), in bytes."""
+        with open(f"/proc/{self.process.popen.pid}/status") as f:
+            line = next(line for line in f if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+
     def stop(self):
         self.process.stop()
 
