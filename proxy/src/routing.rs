@@ -339,15 +339,27 @@ fn client_scope(parts: &Parts) -> Result<Option<String>, ProxyError> {
 
 /// Whether the normalised `path` falls under the route's prefix. Plain string prefixes:
 /// `/billing` also covers `/billingX`, and `/billing/` is how a route says "the
-/// directory". Paths are ASCII here (anything else stays percent-encoded), so the byte
-/// comparison is a character comparison.
+/// directory". The directory itself belongs to it too: `/billing/` also covers exactly
+/// `/billing`, since a write there (WebDAV's `DELETE` or `MOVE` of the collection, S3's
+/// `DELETE` of the bucket) reaches everything under it. Paths are ASCII here (anything
+/// else stays percent-encoded), so the byte comparison is a character comparison.
 fn prefix_matches(route: &Route, path: &str) -> bool {
+    let same = |a: &[u8], b: &[u8]| {
+        if route.case_insensitive {
+            a.eq_ignore_ascii_case(b)
+        } else {
+            a == b
+        }
+    };
     let (prefix, path) = (route.prefix.as_bytes(), path.as_bytes());
-    match path.get(..prefix.len()) {
-        Some(head) if route.case_insensitive => head.eq_ignore_ascii_case(prefix),
-        Some(head) => head == prefix,
-        None => false,
-    }
+    let under = path
+        .get(..prefix.len())
+        .is_some_and(|head| same(head, prefix));
+    let directory = match prefix.split_last() {
+        Some((b'/', parent)) if !parent.is_empty() => same(path, parent),
+        _ => false,
+    };
+    under || directory
 }
 
 /// Segment `n` (1 is the first) of a normalised path, as a scope name.

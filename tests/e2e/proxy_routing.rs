@@ -84,6 +84,9 @@ async fn bypass_paths_are_refused_and_never_forwarded() {
     let token = [(TOKEN.as_str(), "1")];
     let cases = [
         ("/billing/a", 409),
+        // The directory itself: a WebDAV DELETE of it would remove everything under it.
+        ("/billing", 409),
+        ("/billing/..", 400),
         ("/%62illing/a", 409),
         ("/BILLING/a", 409),
         ("//billing/a", 400),

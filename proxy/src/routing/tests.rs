@@ -124,6 +124,11 @@ fn bypass_spellings_never_escape_their_route() {
         ("/billing//a", "write billing"),
         ("/billing/x/../a", "write billing"),
         ("/other", "write default"),
+        // The directory itself is in its route; a sibling with the same start is not.
+        ("/billing", "write billing"),
+        ("/Billing", "write billing"),
+        ("/billingX/a", "write default"),
+        ("/billing.old", "write default"),
         ("/a/./b", "write default"),
     ];
     for (uri, want) in cases {
@@ -135,8 +140,26 @@ fn bypass_spellings_never_escape_their_route() {
         ..ProxyConfig::default()
     });
     assert_eq!(outcome(&strict, "PUT", "/BILLING/a", &[]), "write default");
+    assert_eq!(outcome(&strict, "PUT", "/BILLING", &[]), "write default");
+    // A prefix without a trailing slash is a plain string prefix.
+    let plain = classifier(&ProxyConfig {
+        routes: vec![route("/billing", "billing")],
+        ..ProxyConfig::default()
+    });
+    assert_eq!(outcome(&plain, "PUT", "/billingX/a", &[]), "write billing");
+    assert_eq!(outcome(&plain, "PUT", "/billin", &[]), "write default");
+    // The root route's "directory" is not the empty path.
+    let root = classifier(&ProxyConfig {
+        routes: vec![route("/", "all")],
+        ..ProxyConfig::default()
+    });
+    assert_eq!(outcome(&root, "PUT", "/", &[]), "write all");
+    assert_eq!(outcome(&root, "PUT", "/x", &[]), "write all");
     // An absolute-form target without a path is the root.
-    assert_eq!(outcome(&c, "PUT", "http://example.com", &[]), "write default");
+    assert_eq!(
+        outcome(&c, "PUT", "http://example.com", &[]),
+        "write default"
+    );
     // Absolute-form (and HTTP/2) targets are routed by their path.
     assert_eq!(
         outcome(&c, "PUT", "http://example.com/%62illing/a", &[]),
