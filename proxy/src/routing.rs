@@ -340,7 +340,7 @@ fn client_scope(parts: &Parts) -> Result<Option<String>, ProxyError> {
 /// Whether the normalised `path` falls under the route's prefix. Plain string prefixes:
 /// `/billing` also covers `/billingX`, and `/billing/` is how a route says "the
 /// directory". The directory itself belongs to it too: `/billing/` also covers exactly
-/// `/billing`, since a write there (WebDAV's `DELETE` or `MOVE` of the collection, S3's
+/// `/billing`, since a write there (`DELETE` or `MOVE` of the DAV collection, S3's
 /// `DELETE` of the bucket) reaches everything under it. Paths are ASCII here (anything
 /// else stays percent-encoded), so the byte comparison is a character comparison.
 fn prefix_matches(route: &Route, path: &str) -> bool {
