@@ -4,15 +4,21 @@
 //! that wrote it, `DELETE` removes it, `GET /prefix/?list` lists keys. The key is the
 //! path without its leading `/`. Every put gets the next store-wide revision, so a
 //! listing shows the order in which writes were applied (`revision`), across keys.
+//!
+//! The store holds objects whole, so it is the one place the proxy reads a body whole:
+//! up to `limits.object_bytes_max` (413 naming that field past it), under the same idle
+//! timeout and buffer budget as a streamed body.
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Response, StatusCode, header};
+use http_body_util::BodyExt;
 use palisade_protocol::headers::{FENCING_TOKEN, REVISION};
 use palisade_protocol::{KeyList, StoredObject};
 use palisade_storage::{ObjectError, ObjectStore};
 
 use crate::body::{ProxyBody, full, ok_json};
 use crate::error::ProxyError;
+use crate::stream::{BodyFault, RequestBody};
 
 /// The methods the store takes, as an `Allow` header value.
 const METHODS_ALLOWED: &str = "GET, HEAD, PUT, POST, DELETE";
@@ -28,7 +34,7 @@ pub(crate) async fn serve(
     path: &str,
     query: Option<&str>,
     token: Option<u64>,
-    body: Bytes,
+    body: RequestBody,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let key = path.trim_start_matches('/').to_owned();
     let list = query.and_then(list_limit);
@@ -57,6 +63,7 @@ pub(crate) async fn serve(
             // Writes are fenced, so they always carry a token; 0 only if fencing of this
             // method was configured off, which validate() does not forbid.
             let token = token.unwrap_or(0);
+            let body = read_whole(body).await?;
             let size = body.len() as u64;
             let store = store.clone();
             let key_owned = key.clone();
@@ -109,6 +116,14 @@ pub(crate) async fn serve(
     }
 }
 
+/// Reads a body whole; the body's own limits (`limits.object_bytes_max` here) bound it.
+async fn read_whole(body: RequestBody) -> Result<Bytes, ProxyError> {
+    body.collect()
+        .await
+        .map(http_body_util::Collected::to_bytes)
+        .map_err(|fault: BodyFault| fault.to_proxy_error())
+}
+
 /// `Some(limit)` when the query asks for a listing (`list`, optionally `limit=N`).
 fn list_limit(query: &str) -> Option<usize> {
     let mut list = false;
@@ -135,7 +150,10 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| ProxyError::Storage(format!("object store task failed: {e}")))?
         .map_err(|e| match e {
-            ObjectError::TooLarge { max, .. } => ProxyError::BodyTooLarge { max },
+            ObjectError::TooLarge { max, .. } => ProxyError::BodyTooLarge {
+                max,
+                field: "limits.object_bytes_max",
+            },
             other => ProxyError::Storage(other.to_string()),
         })
 }

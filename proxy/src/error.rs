@@ -126,11 +126,14 @@ pub enum ProxyError {
         /// How long it waited.
         waited_ms: u64,
     },
-    /// The body is over `limits.body_bytes_max`.
-    #[error("request body is over the limit of {max} bytes")]
+    /// The body is over `limits.body_bytes_max`, or over the embedded store's
+    /// `limits.object_bytes_max`.
+    #[error("request body is over the limit of {max} bytes ({field})")]
     BodyTooLarge {
         /// The limit.
         max: u64,
+        /// The configuration field that sets it.
+        field: &'static str,
     },
     /// The client did not send its body in time.
     #[error("request body not received within {timeout_ms} ms")]
@@ -413,7 +416,11 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE
         );
         assert_eq!(
-            ProxyError::BodyTooLarge { max: 1 }.status(),
+            ProxyError::BodyTooLarge {
+                max: 1,
+                field: "limits.body_bytes_max"
+            }
+            .status(),
             StatusCode::PAYLOAD_TOO_LARGE
         );
     }

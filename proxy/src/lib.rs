@@ -13,8 +13,9 @@
 //!
 //! ```text
 //! client ──> listener (TLS?, h1/h2c, limits) ──> parse ──> classify ──> proof?
-//!        ──> read body ──> fence (track in flight, check/raise fence in redb, barrier)
-//!        ──> forward (HTTP(S) upstream, or the embedded object store) ──> respond, log
+//!        ──> fence (track in flight, check/raise fence in redb, barrier), from the head
+//!        ──> forward, streaming the body (HTTP(S) upstream, or the embedded object store)
+//!        ──> respond, log
 //! ```
 //!
 //! # Layout
@@ -23,7 +24,10 @@
 //! - `proof`: the public keys, and the check of a token's proof (verified once per
 //!   scope, token and proof; then a comparison).
 //! - `fencing`: admission: the fence check and the per-scope in-flight barrier; resets.
-//! - `upstream`: the pooled HTTP(S) client to the upstream.
+//! - `stream`: request bodies streamed after admission: size and idle limits, the
+//!   shared body buffer budget, and what a body shares with its forwarding task.
+//! - `upstream`: the pooled HTTP(S) client to the upstream: `Host`, `X-Forwarded-For`,
+//!   hop-by-hop headers, trailers.
 //! - `embedded`: the embedded object store served in-process.
 //! - `admin`: the admin API on axum (fences, advance, reset, metrics, health), served by
 //!   the protocol crate's control-plane accept loop.
@@ -56,6 +60,7 @@ mod proof;
 mod routing;
 mod server;
 mod service;
+mod stream;
 mod tls;
 mod upstream;
 

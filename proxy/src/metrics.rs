@@ -31,6 +31,12 @@ pub const CONNECTIONS: &str = "palisade_proxy_connections";
 /// accept), `keepalive-timeout` (idle between requests), `evicted-idle` (idle, or not yet
 /// sent a head, and closed to admit a new connection at the connection limit).
 pub const CONNECTION_CLOSES: &str = "palisade_proxy_connection_closes_total";
+/// Request-body bytes the proxy holds now: read from clients, not yet taken by the
+/// upstream. At most `limits.body_buffer_bytes_max` (plus one frame per connection
+/// waiting at the cap).
+pub const BODY_BUFFER_BYTES: &str = "palisade_proxy_body_buffer_bytes";
+/// Times a request body waited for room under `limits.body_buffer_bytes_max`.
+pub const BODY_BUFFER_WAITS: &str = "palisade_proxy_body_buffer_waits_total";
 
 /// Upstream latency buckets, in seconds: 100 µs to 10 s.
 const UPSTREAM_BUCKETS: &[f64] = &[

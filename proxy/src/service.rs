@@ -1,12 +1,14 @@
 //! One client request through the proxy, in fixed phases sharing one context:
-//! parse, classify, check the proof, read body, fence, forward, respond, log.
+//! parse, classify, check the proof, fence, forward (streaming the body), respond, log.
+//!
+//! Everything before forwarding uses the request head alone. The body is not polled
+//! until the request is admitted, so a refused write is answered before its client sends
+//! any body (hyper sends `100 Continue` only when the body is first polled).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body, Incoming};
 use palisade_protocol::headers::{FENCING_TOKEN, FENCING_TOKEN_PROOF};
 use palisade_protocol::parse_token_header;
@@ -21,6 +23,7 @@ use crate::metrics as m;
 use crate::proof::ProofVerifier;
 use crate::routing::{Class, Classifier};
 use crate::server::Peer;
+use crate::stream::{BodyLimits, Exchange, RequestBody};
 use crate::upstream::HttpUpstream;
 
 /// Where admitted requests go.
@@ -41,8 +44,8 @@ pub(crate) struct Shared {
     classifier: Classifier,
     fence_reads: bool,
     strip_token: bool,
-    body_bytes_max: Option<u64>,
-    body_read_timeout: Duration,
+    /// What every streamed body obeys.
+    body_limits: BodyLimits,
 }
 
 impl Shared {
@@ -59,8 +62,23 @@ impl Shared {
             classifier: Classifier::new(config),
             fence_reads: config.fence_reads,
             strip_token: config.strip_token,
-            body_bytes_max: config.limits.body_bytes_max,
-            body_read_timeout: Duration::from_millis(config.limits.body_idle_timeout_ms),
+            body_limits: BodyLimits::new(
+                config.limits.body_bytes_max,
+                Duration::from_millis(config.limits.body_idle_timeout_ms),
+                config.limits.body_buffer_bytes_max,
+            ),
+        }
+    }
+
+    /// The size limit a body is held to, and the field that sets it: the embedded store's
+    /// object limit (it holds objects whole), else the operator's optional cap.
+    fn body_max(&self) -> Option<(u64, &'static str)> {
+        match &self.backend {
+            Backend::Embedded(store) => Some((store.object_bytes_max(), "limits.object_bytes_max")),
+            Backend::Http(_) => self
+                .body_limits
+                .max
+                .map(|max| (max, "limits.body_bytes_max")),
         }
     }
 }
@@ -127,10 +145,18 @@ async fn run_phases(
         proofs.check_header(&ctx.scope, token, &parts.headers)?;
     }
 
-    // Phase: read the body whole, bounded in size and time.
-    let body = read_body(&shared, body).await?;
+    // A body whose declared length is over the limit is refused now, before admission,
+    // so it neither raises the fence nor gets `100 Continue`. A chunked body is held to
+    // the limit while it streams.
+    let body_max = shared.body_max();
+    if let Some((max, field)) = body_max
+        && body.size_hint().lower() > max
+    {
+        return Err(ProxyError::BodyTooLarge { max, field });
+    }
 
-    // Phase: fence. Hold the in-flight guard until the upstream has answered.
+    // Phase: fence, from the head alone. The in-flight guard is held until the upstream
+    // has answered and the body is done with.
     let admitted = match (ctx.fenced, ctx.token) {
         (true, Some(token)) => {
             let admitted = shared.fencer.admit(&ctx.scope, token).await?;
@@ -144,16 +170,30 @@ async fn run_phases(
         parts.headers.remove(FENCING_TOKEN_PROOF);
     }
 
-    // Phase: forward, in a task of its own. If the client goes away, hyper drops this
-    // future; the forward must not be cancelled with it, because the upstream may still
-    // apply the write. The task keeps the in-flight guard until the upstream has
-    // answered (or timed out), so higher tokens keep waiting for it.
+    // Phase: forward, in a task of its own, streaming the body. If the client goes
+    // away, hyper drops this future; the forward must not be cancelled with it, because
+    // the upstream may still apply the write. The task keeps the in-flight guard until
+    // the upstream has answered (or timed out), and a body still streaming keeps it
+    // until it is done (a client that goes away mid-body fails it, which ends the
+    // upstream exchange), so higher tokens keep waiting for both.
     let token = ctx.token;
     ctx.forwarding = true;
     let forward = tokio::spawn(async move {
         fail::fail_point!("proxy-before-forward");
+        // A body that is empty from the start (most reads) needs no shared state: the
+        // guard stays with this task.
+        let (exchange, admitted) = if body.is_end_stream() {
+            (None, admitted)
+        } else {
+            (Some(Exchange::new(admitted)), None)
+        };
+        let body = RequestBody::new(body, &shared.body_limits, body_max, exchange.clone());
         let response = match &shared.backend {
-            Backend::Http(upstream) => upstream.forward(parts, body, &peer).await,
+            Backend::Http(upstream) => {
+                upstream
+                    .forward(parts, body, exchange.as_ref(), &peer)
+                    .await
+            }
             Backend::Embedded(store) => {
                 crate::embedded::serve(
                     store,
@@ -167,6 +207,7 @@ async fn run_phases(
             }
         };
         fail::fail_point!("proxy-after-forward");
+        drop(exchange);
         drop(admitted);
         response
     });
@@ -262,31 +303,6 @@ fn count_forwarded(class: Class) {
 /// The request's `Fencing-Token`, parsed by the protocol's one rule; a bad one is 400.
 fn token_of(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
     parse_token_header(headers).map_err(|reason| ProxyError::BadToken { reason })
-}
-
-async fn read_body(shared: &Shared, body: Incoming) -> Result<Bytes, ProxyError> {
-    let max = shared
-        .body_bytes_max
-        .unwrap_or(palisade_storage::OBJECT_BYTES_MAX_DEFAULT);
-    if body.size_hint().lower() > max {
-        return Err(ProxyError::BodyTooLarge { max });
-    }
-    let limit = usize::try_from(max).unwrap_or(usize::MAX);
-    let collected = tokio::time::timeout(
-        shared.body_read_timeout,
-        Limited::new(body, limit).collect(),
-    )
-    .await
-    .map_err(|_| ProxyError::BodyTimeout {
-        timeout_ms: u64::try_from(shared.body_read_timeout.as_millis()).unwrap_or(u64::MAX),
-    })?;
-    match collected {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { max })
-        }
-        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
-    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,12 @@
 //! Where admitted requests go: an HTTP(S) upstream through a pooled client, or the
 //! embedded object store in-process.
 
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, Request, Response, Uri, header};
-use http_body_util::{BodyExt, Full};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, header};
+use http_body_util::BodyExt;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -15,14 +16,21 @@ use tokio::sync::Semaphore;
 use crate::StartError;
 use crate::body::ProxyBody;
 use crate::config::ConfigError;
-use crate::config::ProxyConfig;
+use crate::config::{ProxyConfig, UpstreamHost};
 use crate::error::ProxyError;
 use crate::metrics as m;
 use crate::server::Peer;
+use crate::stream::{BodyFault, Exchange, RequestBody};
 use crate::tls;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1). Pre-built names:
 /// removing by `&str` would parse and hash the name on every request.
+///
+/// `Trailer` is not among them: it describes the message, not the hop, and hyper sends
+/// an HTTP/1 chunked message's trailers only when `Trailer` declares them. `TE` is, but
+/// its `trailers` token is carried over (see [`HttpUpstream::forward`]). `Expect` is
+/// answered by the proxy itself (hyper sends `100 Continue` when the body is first read,
+/// after admission), so it is not passed on either.
 static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -30,9 +38,9 @@ static HOP_BY_HOP: [HeaderName; 9] = [
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+    header::EXPECT,
 ];
 
 /// `X-Forwarded-For`.
@@ -40,10 +48,15 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// An HTTP(S) upstream.
 pub(crate) struct HttpUpstream {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, RequestBody>,
     /// Scheme and authority of the base URL.
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
+    /// `Host` for `upstream_host = "upstream"`: the base URL's authority. `None` (the
+    /// default, `"client"`): the client's `Host` is forwarded unchanged.
+    host: Option<HeaderValue>,
+    /// `trusted_proxies`: peers whose `X-Forwarded-For` is appended to.
+    trusted_proxies: Vec<IpAddr>,
     /// Path of the base URL without a trailing slash ("" for the root).
     base_path: String,
     timeout: Duration,
@@ -81,10 +94,19 @@ impl HttpUpstream {
             .pool_idle_timeout(Duration::from_secs(90))
             .build(connector);
         let parts = uri.into_parts();
+        let authority = parts.authority.ok_or_else(|| bad_url(base, &"no host"))?;
+        let host = match config.upstream_host {
+            UpstreamHost::Client => None,
+            UpstreamHost::Upstream => {
+                Some(HeaderValue::from_str(authority.as_str()).map_err(|e| bad_url(base, &e))?)
+            }
+        };
         Ok(Self {
             client,
             scheme: parts.scheme.unwrap_or(http::uri::Scheme::HTTP),
-            authority: parts.authority.ok_or_else(|| bad_url(base, &"no host"))?,
+            authority,
+            host,
+            trusted_proxies: config.trusted_proxies.clone(),
             base_path: parts
                 .path_and_query
                 .map(|p| p.path().trim_end_matches('/').to_owned())
@@ -97,10 +119,17 @@ impl HttpUpstream {
     }
 
     /// Sends `parts` + `body` upstream and returns its response once its head arrived.
+    ///
+    /// The body streams while this waits. The upstream's timeout counts from the body's
+    /// last progress (`exchange`), not from the start, so a long upload is not cut off
+    /// for its length; a body whose client stalls is cut off by its own idle timeout. A
+    /// body cut off before the upstream answered is answered with the body's fault (413,
+    /// 408, 400), as the upstream never saw a whole request.
     pub(crate) async fn forward(
         &self,
         mut parts: http::request::Parts,
-        body: Bytes,
+        body: RequestBody,
+        exchange: Option<&Arc<Exchange>>,
         peer: &Peer,
     ) -> Result<Response<ProxyBody>, ProxyError> {
         let path_and_query = parts
@@ -113,13 +142,17 @@ impl HttpUpstream {
             .path_and_query(format!("{}{}", self.base_path, path_and_query))
             .build()
             .map_err(|e| ProxyError::BadRequest(format!("cannot build upstream URI: {e}")))?;
+        let te_trailers = wants_trailers(&parts.headers);
         strip_hop_by_hop(&mut parts.headers);
-        // The client sets Host from the URI, as nginx's proxy_pass does by default.
-        parts.headers.remove(header::HOST);
-        if let Some(ip) = &peer.forwarded_for {
-            parts.headers.append(X_FORWARDED_FOR.clone(), ip.clone());
+        if te_trailers {
+            // The client takes response trailers: ask the upstream for them on this hop.
+            parts
+                .headers
+                .insert(header::TE, HeaderValue::from_static("trailers"));
         }
-        let mut request = Request::from_parts(parts, Full::new(body));
+        self.set_host(&mut parts);
+        self.set_forwarded_for(&mut parts.headers, peer);
+        let mut request = Request::from_parts(parts, body);
         *request.uri_mut() = uri;
         *request.version_mut() = http::Version::HTTP_11;
 
@@ -136,17 +169,107 @@ impl HttpUpstream {
             .map_err(|_| busy())?
             .map_err(|_| busy())?;
         let started = Instant::now();
-        let result = tokio::time::timeout(self.timeout, self.client.request(request)).await;
+        let result = self.send(request, exchange).await;
         m::hot_path_handles()
             .upstream_seconds
             .record(started.elapsed().as_secs_f64());
         let response = result
-            .map_err(|_| ProxyError::UpstreamTimeout { timeout_ms })?
-            .map_err(|e| ProxyError::Upstream(error_chain(&e)))?;
+            .ok_or(ProxyError::UpstreamTimeout { timeout_ms })?
+            .map_err(|e| match BodyFault::find(&e) {
+                // The client's body failed, not the upstream: answer with its fault.
+                Some(fault) => fault.to_proxy_error(),
+                None => ProxyError::Upstream(error_chain(&e)),
+            })?;
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         Ok(Response::from_parts(parts, body.boxed()))
     }
+}
+
+impl HttpUpstream {
+    /// Sends the request and waits for the response head, until the upstream has been
+    /// quiet for the upstream timeout: no answer and no body taken for that long. `None`
+    /// is that timeout.
+    async fn send(
+        &self,
+        request: Request<RequestBody>,
+        exchange: Option<&Arc<Exchange>>,
+    ) -> Option<Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>> {
+        let start = tokio::time::Instant::now();
+        let mut send = std::pin::pin!(self.client.request(request));
+        loop {
+            let deadline = match exchange {
+                Some(exchange) => exchange.upstream_deadline(self.timeout),
+                None => Some(start + self.timeout),
+            };
+            // While the body waits for its client, the body's idle timeout applies, not
+            // this one; look again a timeout later.
+            let wake = deadline.unwrap_or_else(|| tokio::time::Instant::now() + self.timeout);
+            tokio::select! {
+                result = &mut send => return Some(result),
+                () = tokio::time::sleep_until(wake) => {}
+            }
+            let now = tokio::time::Instant::now();
+            let late = match exchange {
+                Some(exchange) => exchange
+                    .upstream_deadline(self.timeout)
+                    .is_some_and(|d| d <= now),
+                None => true,
+            };
+            if late {
+                return None;
+            }
+        }
+    }
+
+    /// `Host`: the client's, unchanged, by default (an HTTP/2 client's `:authority`
+    /// when it sent no `Host`); the upstream's authority with `upstream_host = "upstream"`.
+    fn set_host(&self, parts: &mut http::request::Parts) {
+        if let Some(host) = &self.host {
+            parts.headers.insert(header::HOST, host.clone());
+        } else if !parts.headers.contains_key(header::HOST)
+            && let Some(authority) = parts.uri.authority()
+            && let Ok(value) = HeaderValue::from_str(authority.as_str())
+        {
+            parts.headers.insert(header::HOST, value);
+        }
+    }
+
+    /// `X-Forwarded-For`: the peer's IP, replacing whatever the client claimed, unless
+    /// the peer is a trusted proxy, whose value is kept and appended to.
+    fn set_forwarded_for(&self, headers: &mut HeaderMap, peer: &Peer) {
+        let Some(ip) = &peer.forwarded_for else {
+            headers.remove(&X_FORWARDED_FOR);
+            return;
+        };
+        if self.is_trusted(ip) {
+            headers.append(X_FORWARDED_FOR.clone(), ip.clone());
+        } else {
+            headers.insert(X_FORWARDED_FOR.clone(), ip.clone());
+        }
+    }
+
+    fn is_trusted(&self, ip: &HeaderValue) -> bool {
+        !self.trusted_proxies.is_empty()
+            && ip
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<IpAddr>().ok())
+                .is_some_and(|ip| self.trusted_proxies.contains(&ip))
+    }
+}
+
+/// Whether the client's `TE` accepts trailers.
+fn wants_trailers(headers: &HeaderMap) -> bool {
+    headers.get_all(header::TE).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',').any(|t| {
+                t.split(';')
+                    .next()
+                    .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+            })
+        })
+    })
 }
 
 /// Removes hop-by-hop headers, including any named by `Connection`. Most requests have
@@ -195,8 +318,8 @@ mod tests {
     use http::HeaderValue;
     use palisade_protocol::headers::FENCING_TOKEN;
 
-    /// Goal: hop-by-hop headers, and headers named by `Connection`, are never forwarded;
-    /// the fencing token is.
+    /// Goal: hop-by-hop headers (`Expect` and `TE` included), and headers named by
+    /// `Connection`, are never forwarded; the fencing token and `Trailer` are.
     /// Method: strip a header map holding both kinds.
     #[test]
     fn hop_by_hop_headers_and_connection_named_ones_are_removed() {
@@ -207,9 +330,33 @@ mod tests {
         );
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("expect", HeaderValue::from_static("100-continue"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("trailer", HeaderValue::from_static("x-checksum"));
         h.insert(FENCING_TOKEN, HeaderValue::from_static("5"));
         strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
+        assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h[FENCING_TOKEN], "5");
+        assert_eq!(
+            h["trailer"], "x-checksum",
+            "Trailer describes the message, not the hop"
+        );
+    }
+
+    /// Goal: `TE: trailers` is recognised in any case and among other codings, and only
+    /// the `trailers` token counts.
+    /// Method: test header values.
+    #[test]
+    fn te_trailers_is_recognised() {
+        let te = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("te", HeaderValue::from_static(v));
+            wants_trailers(&h)
+        };
+        assert!(te("trailers"));
+        assert!(te("gzip, Trailers"));
+        assert!(!te("gzip"));
+        assert!(!te("trailersx"));
+        assert!(!wants_trailers(&HeaderMap::new()));
     }
 }

@@ -14,6 +14,9 @@
 //!   and `kill -9`.
 //! - `proxy_routing`: classification that fails closed: path spellings, methods, scope
 //!   tricks and the scope limit, with nothing forwarded.
+//! - `proxy_streaming`: bodies streamed after admission (a 1 GiB upload and a flood of
+//!   unfinished bodies in bounded memory, `Expect: 100-continue`, body limits), trailers,
+//!   `Host` and `X-Forwarded-For`.
 //! - `proxy_transport`: body and header limits, slow clients, TLS, h2c, graceful shutdown.
 //! - `election_process`: elections among `palisade node` processes: pauses, kills,
 //!   transfer, resign, long poll, configuration errors.
@@ -37,6 +40,7 @@ mod election_process;
 mod proxy_connections;
 mod proxy_fencing;
 mod proxy_routing;
+mod proxy_streaming;
 mod proxy_transport;
 mod trust_admin;
 mod trust_peers;

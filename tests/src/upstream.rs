@@ -10,10 +10,19 @@
 //! Each applied write names itself for the history checker: scope (`Fencing-Scope`, else
 //! `default`), token (`Fencing-Token`), writer (`X-Writer`) and sequence number (`X-Seq`);
 //! [`RecordingUpstream::apply_log`] gives them in apply order.
+//!
+//! Bodies are read frame by frame: the upstream counts every body byte it receives as it
+//! arrives ([`RecordingUpstream::body_bytes`], live, whole or not), keeps each request's
+//! headers and trailers, and records a request only once its body is complete; a body
+//! that breaks off is counted in [`RecordingUpstream::aborted`] and never applied, as a
+//! storage would not apply half a write. Started with
+//! [`start_counting`](RecordingUpstream::start_counting), it keeps no bodies, only their
+//! length and SHA-256, so gigabytes can pass through it.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +31,7 @@ use palisade_cluster::worker::{SEQ_HEADER, WRITER_HEADER};
 use palisade_protocol::{DEFAULT_SCOPE, headers};
 
 use bytes::Bytes;
-use http::{HeaderName, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -40,8 +49,16 @@ pub struct Applied {
     pub path: String,
     /// The `Fencing-Token` header as received, if any.
     pub token: Option<String>,
-    /// The body.
+    /// The body (empty in counting mode).
     pub body: Bytes,
+    /// The body's length in bytes.
+    pub body_len: u64,
+    /// The body's SHA-256 (counting mode only).
+    pub body_sha256: Option<[u8; 32]>,
+    /// Every header as received.
+    pub headers: HeaderMap,
+    /// The trailers, if the body ended with any.
+    pub trailers: Option<HeaderMap>,
     /// The `Fencing-Scope` header, if any.
     pub scope: Option<String>,
     /// The `X-Writer` header, if any.
@@ -95,6 +112,12 @@ struct State {
     delays: Mutex<Vec<(String, Duration)>>,
     /// The logical clock of arrivals and applications (starts at 1).
     clock: std::sync::atomic::AtomicU64,
+    /// Keep only the length and hash of bodies.
+    counting: bool,
+    /// Body bytes received so far, over every request, complete or not.
+    body_bytes: AtomicU64,
+    /// Requests whose body broke off before its end.
+    aborted: AtomicU64,
 }
 
 impl State {
@@ -122,11 +145,23 @@ impl Drop for RecordingUpstream {
 impl RecordingUpstream {
     /// Starts on a free loopback port.
     pub async fn start() -> Self {
+        Self::start_with(false).await
+    }
+
+    /// Starts on a free loopback port, keeping only each body's length and SHA-256.
+    pub async fn start_counting() -> Self {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(counting: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind upstream");
         let addr = listener.local_addr().expect("local addr");
-        let state = Arc::new(State::default());
+        let state = Arc::new(State {
+            counting,
+            ..State::default()
+        });
         let st = Arc::clone(&state);
         let task = tokio::spawn(async move {
             loop {
@@ -148,6 +183,16 @@ impl RecordingUpstream {
     /// The base URL, `http://ADDR`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Body bytes received so far over every request, whether or not the body completed.
+    pub fn body_bytes(&self) -> u64 {
+        self.state.body_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Requests whose body broke off (never applied).
+    pub fn aborted(&self) -> u64 {
+        self.state.aborted.load(Ordering::SeqCst)
     }
 
     /// Everything applied so far, in apply order.
@@ -197,12 +242,43 @@ async fn handle(
     state: Arc<State>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (parts, body) = request.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(http_body_util::Collected::to_bytes)
-        .unwrap_or_default();
+    let (parts, mut body) = request.into_parts();
+    let mut kept = Vec::new();
+    let mut body_len = 0u64;
+    let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            state.aborted.fetch_add(1, Ordering::SeqCst);
+            let mut response = Response::new(Full::new(Bytes::from_static(b"body broke off\n")));
+            *response.status_mut() = StatusCode::BAD_REQUEST;
+            return Ok(response);
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                state
+                    .body_bytes
+                    .fetch_add(data.len() as u64, Ordering::SeqCst);
+                body_len += data.len() as u64;
+                if state.counting {
+                    hash.update(&data);
+                } else {
+                    kept.extend_from_slice(&data);
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers = Some(t);
+                }
+            }
+        }
+    }
+    let body_sha256 = state.counting.then(|| {
+        let mut out = [0u8; 32];
+        out.copy_from_slice(hash.finish().as_ref());
+        out
+    });
+    let body = Bytes::from(kept);
     let path = parts
         .uri
         .path_and_query()
@@ -219,6 +295,10 @@ async fn handle(
         path: path.clone(),
         token: header(&headers::FENCING_TOKEN),
         body,
+        body_len,
+        body_sha256,
+        headers: parts.headers.clone(),
+        trailers,
         scope: header(&headers::FENCING_SCOPE),
         writer: header(&HeaderName::from_static(WRITER_HEADER)),
         seq: header(&HeaderName::from_static(SEQ_HEADER)),

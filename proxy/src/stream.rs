@@ -1,0 +1,408 @@
+//! Request bodies, streamed to the backend after admission, one frame at a time.
+//!
+//! The fence check and the barrier need only the request head, so a request is admitted
+//! (or refused) before any of its body is read. Only then is the body polled, and the
+//! first poll is what makes hyper answer `Expect: 100-continue`: a refused write is
+//! answered before its client sends a byte of body.
+//!
+//! [`RequestBody`] wraps the client's body on its way to the upstream:
+//! - `limits.body_bytes_max`, when set, cuts off a body that crosses it (a body whose
+//!   `Content-Length` is over it is refused before admission, by the service);
+//! - `limits.body_idle_timeout_ms` cuts off a body whose client sends nothing for that
+//!   long while the upstream waits for more, so a slow body cannot hold its scope's
+//!   barrier forever;
+//! - `limits.body_buffer_bytes_max` is a budget shared by every connection: each frame
+//!   holds permits for its bytes from the moment it is read until the upstream asks for
+//!   the next one. At the cap a connection waits before it reads more, and its client
+//!   is held back by TCP flow control.
+//!
+//! Memory per connection is bounded whatever the body size: hyper reads at most its
+//! buffer (`limits.header_bytes_max` on HTTP/1, the flow-control window on HTTP/2), and
+//! the wrapper holds one frame.
+//!
+//! [`Exchange`] is what the body and the forwarding task share: when the body last made
+//! progress (the upstream's timeout counts from there, not from the start of a long
+//! upload), and the in-flight guard, released only when both the upstream has answered
+//! and the body is done with, so no lower-token body is still streaming once a higher
+//! token is admitted.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use metrics::{Counter, Gauge};
+use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
+
+use crate::error::ProxyError;
+use crate::fencing::Admitted;
+use crate::metrics as m;
+
+/// The limits every streamed body obeys, built once from the configuration.
+pub(crate) struct BodyLimits {
+    /// `limits.body_bytes_max`.
+    pub max: Option<u64>,
+    /// `limits.body_idle_timeout_ms`.
+    pub idle: Duration,
+    /// The shared budget of `limits.body_buffer_bytes_max` bytes.
+    budget: Arc<Semaphore>,
+    /// The budget's size, so one frame larger than all of it still passes (alone).
+    budget_bytes: u32,
+}
+
+impl BodyLimits {
+    pub(crate) fn new(max: Option<u64>, idle: Duration, buffer_bytes_max: u64) -> Self {
+        // Permits are counted in u32 by tokio's `acquire_many`; a budget above 4 GiB is
+        // no budget at all on the machines this runs on, so it is clamped.
+        let budget_bytes = u32::try_from(buffer_bytes_max).unwrap_or(u32::MAX);
+        Self {
+            max,
+            idle,
+            budget: Arc::new(Semaphore::new(budget_bytes as usize)),
+            budget_bytes,
+        }
+    }
+}
+
+/// Why a streamed body was cut off.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum BodyFault {
+    /// The body crossed a size limit.
+    #[error("request body is over the limit of {max} bytes ({field})")]
+    TooLarge {
+        /// The limit.
+        max: u64,
+        /// The configuration field that sets it.
+        field: &'static str,
+    },
+    /// The client sent nothing for the idle timeout while the backend waited for more.
+    #[error("request body made no progress for {timeout_ms} ms (limits.body_idle_timeout_ms)")]
+    Idle {
+        /// The limit.
+        timeout_ms: u64,
+    },
+    /// The client's body broke (the client went away, or sent a malformed chunk).
+    #[error("cannot read request body: {0}")]
+    Read(#[source] hyper::Error),
+    /// The shared body budget was closed. It never is; this fails closed if it were.
+    #[error("the body buffer budget (limits.body_buffer_bytes_max) is closed")]
+    BudgetClosed,
+}
+
+impl BodyFault {
+    /// The answer to the client, when none was sent yet.
+    pub(crate) fn to_proxy_error(&self) -> ProxyError {
+        match self {
+            Self::TooLarge { max, field } => ProxyError::BodyTooLarge { max: *max, field },
+            Self::Idle { timeout_ms } => ProxyError::BodyTimeout {
+                timeout_ms: *timeout_ms,
+            },
+            Self::Read(e) => ProxyError::BodyRead(e.to_string()),
+            Self::BudgetClosed => ProxyError::Unavailable(self.to_string()),
+        }
+    }
+
+    /// The fault of a body somewhere in an error's sources (the upstream client reports a
+    /// body's error as the cause of its own).
+    pub(crate) fn find<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Self> {
+        let mut next = Some(e);
+        while let Some(e) = next {
+            if let Some(fault) = e.downcast_ref::<Self>() {
+                return Some(fault);
+            }
+            next = e.source();
+        }
+        None
+    }
+}
+
+/// What a streaming body and its forwarding task share.
+pub(crate) struct Exchange {
+    /// When the exchange started; progress is counted in ms from here.
+    started: Instant,
+    /// Milliseconds from `started` to the body's last progress (a frame taken by the
+    /// upstream, or its end).
+    progress_ms: AtomicU64,
+    /// Whether the body is waiting for its client (then a quiet upstream is not late).
+    waiting_for_client: AtomicBool,
+    /// The in-flight guard: held until the last holder of the exchange (the forwarding
+    /// task waiting for the answer, or the body still being sent) lets go.
+    _admitted: Option<Admitted>,
+}
+
+impl Exchange {
+    pub(crate) fn new(admitted: Option<Admitted>) -> Arc<Self> {
+        Arc::new(Self {
+            started: Instant::now(),
+            progress_ms: AtomicU64::new(0),
+            waiting_for_client: AtomicBool::new(false),
+            _admitted: admitted,
+        })
+    }
+
+    fn progressed(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.progress_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// When the upstream is late: `timeout` after the body's last progress. `None` while
+    /// the body waits for its client, whose own idle timeout applies instead.
+    pub(crate) fn upstream_deadline(&self, timeout: Duration) -> Option<tokio::time::Instant> {
+        if self.waiting_for_client.load(Ordering::Relaxed) {
+            return None;
+        }
+        let progress = Duration::from_millis(self.progress_ms.load(Ordering::Relaxed));
+        Some(tokio::time::Instant::from_std(
+            self.started + progress + timeout,
+        ))
+    }
+}
+
+/// Handles of the body-buffer metrics, registered once.
+struct BufferMetrics {
+    held: Gauge,
+    waits: Counter,
+}
+
+fn buffer_metrics() -> &'static BufferMetrics {
+    static HANDLES: OnceLock<BufferMetrics> = OnceLock::new();
+    HANDLES.get_or_init(|| BufferMetrics {
+        held: metrics::gauge!(m::BODY_BUFFER_BYTES),
+        waits: metrics::counter!(m::BODY_BUFFER_WAITS),
+    })
+}
+
+/// Permits of the shared budget held by the frame last handed over.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    bytes: u32,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        buffer_metrics().held.decrement(f64::from(self.bytes));
+    }
+}
+
+type Acquire =
+    Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + Sync>>;
+
+/// A client's request body on its way to the backend, under [`BodyLimits`].
+pub(crate) struct RequestBody {
+    inner: Incoming,
+    budget: Arc<Semaphore>,
+    budget_bytes: u32,
+    max: Option<u64>,
+    /// The field `max` comes from, for the error.
+    max_field: &'static str,
+    idle: Duration,
+    /// Bytes seen so far.
+    seen: u64,
+    /// Armed when the client is first waited for; reset when it made progress since.
+    idle_timer: Option<Pin<Box<Sleep>>>,
+    /// Whether a frame arrived since the idle timer was last set.
+    progressed: bool,
+    /// Permits for the frame last handed over.
+    held: Option<Held>,
+    /// A frame read while the budget was exhausted, waiting for its permits.
+    parked: Option<(Frame<Bytes>, u32, Acquire)>,
+    /// Shared with the forwarding task; `None` for a body that was empty from the start.
+    exchange: Option<Arc<Exchange>>,
+    /// Set once the body failed or ended, so it is never polled past that.
+    done: bool,
+}
+
+impl RequestBody {
+    /// Wraps `inner`. `max` overrides `limits.body_bytes_max` (the embedded store's own
+    /// object limit), with the field that sets it.
+    pub(crate) fn new(
+        inner: Incoming,
+        limits: &BodyLimits,
+        max: Option<(u64, &'static str)>,
+        exchange: Option<Arc<Exchange>>,
+    ) -> Self {
+        let (max, max_field) = match max {
+            Some((max, field)) => (Some(max), field),
+            None => (limits.max, "limits.body_bytes_max"),
+        };
+        Self {
+            inner,
+            budget: Arc::clone(&limits.budget),
+            budget_bytes: limits.budget_bytes,
+            max,
+            max_field,
+            idle: limits.idle,
+            seen: 0,
+            idle_timer: None,
+            progressed: false,
+            held: None,
+            parked: None,
+            exchange,
+            done: false,
+        }
+    }
+
+    fn idle_ms(&self) -> u64 {
+        u64::try_from(self.idle.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Hands `frame` over with its permits, or parks it until the budget has room.
+    fn hand_over(&mut self, frame: Frame<Bytes>, bytes: u32) -> Option<Frame<Bytes>> {
+        if let Ok(permit) = Arc::clone(&self.budget).try_acquire_many_owned(bytes) {
+            self.hold(permit, bytes);
+            return Some(frame);
+        }
+        buffer_metrics().waits.increment(1);
+        let acquire = Box::pin(Arc::clone(&self.budget).acquire_many_owned(bytes));
+        self.parked = Some((frame, bytes, acquire));
+        None
+    }
+
+    fn hold(&mut self, permit: OwnedSemaphorePermit, bytes: u32) {
+        buffer_metrics().held.increment(f64::from(bytes));
+        self.held = Some(Held {
+            _permit: permit,
+            bytes,
+        });
+        if let Some(exchange) = &self.exchange {
+            exchange.progressed();
+        }
+    }
+
+    fn fail(&mut self, fault: BodyFault) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
+        self.done = true;
+        self.parked = None;
+        self.held = None;
+        Poll::Ready(Some(Err(fault)))
+    }
+
+    /// Waits for the parked frame's permits, then hands it over.
+    fn poll_parked(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
+        let Some((_, bytes, acquire)) = &mut self.parked else {
+            return Poll::Ready(None);
+        };
+        let bytes = *bytes;
+        let permit = ready!(acquire.as_mut().poll(cx));
+        let Some((frame, _, _)) = self.parked.take() else {
+            return Poll::Ready(None);
+        };
+        match permit {
+            Ok(permit) => {
+                self.hold(permit, bytes);
+                Poll::Ready(Some(Ok(frame)))
+            }
+            // The budget is never closed; if it were, fail closed rather than send a
+            // frame past the cap.
+            Err(_) => self.fail(BodyFault::BudgetClosed),
+        }
+    }
+
+    /// The client has nothing for us now: arm (or re-arm, after progress) the idle timer
+    /// and see whether it has run out.
+    fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(exchange) = &self.exchange {
+            exchange.waiting_for_client.store(true, Ordering::Relaxed);
+        }
+        let deadline = tokio::time::Instant::now() + self.idle;
+        match &mut self.idle_timer {
+            None => self.idle_timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            Some(timer) if self.progressed => timer.as_mut().reset(deadline),
+            Some(_) => {}
+        }
+        self.progressed = false;
+        match &mut self.idle_timer {
+            Some(timer) => timer.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BodyFault;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        // Asked for the next frame: the upstream has taken the last one.
+        this.held = None;
+        if this.parked.is_some() {
+            return this.poll_parked(cx);
+        }
+        loop {
+            let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => {
+                    if this.poll_idle(cx).is_ready() {
+                        let timeout_ms = this.idle_ms();
+                        return this.fail(BodyFault::Idle { timeout_ms });
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(None) => {
+                    this.done = true;
+                    if let Some(exchange) = &this.exchange {
+                        exchange.waiting_for_client.store(false, Ordering::Relaxed);
+                        exchange.progressed();
+                    }
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(e))) => return this.fail(BodyFault::Read(e)),
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            this.progressed = true;
+            if let Some(exchange) = &this.exchange {
+                exchange.waiting_for_client.store(false, Ordering::Relaxed);
+            }
+            let Some(data) = frame.data_ref() else {
+                // Trailers pass through as they are.
+                if let Some(exchange) = &this.exchange {
+                    exchange.progressed();
+                }
+                return Poll::Ready(Some(Ok(frame)));
+            };
+            if data.is_empty() {
+                continue;
+            }
+            this.seen = this.seen.saturating_add(data.len() as u64);
+            if let Some(max) = this.max
+                && this.seen > max
+            {
+                let field = this.max_field;
+                return this.fail(BodyFault::TooLarge { max, field });
+            }
+            // A frame larger than the whole budget takes all of it, so it still passes
+            // (alone) instead of waiting forever.
+            let bytes = u32::try_from(data.len())
+                .unwrap_or(u32::MAX)
+                .min(this.budget_bytes);
+            if let Some(frame) = this.hand_over(frame, bytes) {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            // Parked: poll the acquisition now, so its waker is registered.
+            return this.poll_parked(cx);
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || (self.parked.is_none() && self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // The client's length, so a Content-Length body is forwarded with its length
+        // (and a chunked one chunked, with its trailers).
+        self.inner.size_hint()
+    }
+}
