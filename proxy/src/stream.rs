@@ -88,7 +88,7 @@ pub(crate) enum BodyFault {
     },
     /// The client's body broke (the client went away, or sent a malformed chunk).
     #[error("cannot read request body: {0}")]
-    Read(#[source] hyper::Error),
+    Read(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The shared body budget was closed. It never is; this fails closed if it were.
     #[error("the body buffer budget (limits.body_buffer_bytes_max) is closed")]
     BudgetClosed,
@@ -192,9 +192,10 @@ impl Drop for Held {
 type Acquire =
     Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + Sync>>;
 
-/// A client's request body on its way to the backend, under [`BodyLimits`].
-pub(crate) struct RequestBody {
-    inner: Incoming,
+/// A client's request body on its way to the backend, under [`BodyLimits`]. Generic
+/// over the body it wraps only so the tests can feed it frames by hand.
+pub(crate) struct RequestBody<B = Incoming> {
+    inner: B,
     budget: Arc<Semaphore>,
     budget_bytes: u32,
     max: Option<u64>,
@@ -217,11 +218,11 @@ pub(crate) struct RequestBody {
     done: bool,
 }
 
-impl RequestBody {
+impl<B> RequestBody<B> {
     /// Wraps `inner`. `max` overrides `limits.body_bytes_max` (the embedded store's own
     /// object limit), with the field that sets it.
     pub(crate) fn new(
-        inner: Incoming,
+        inner: B,
         limits: &BodyLimits,
         max: Option<(u64, &'static str)>,
         exchange: Option<Arc<Exchange>>,
@@ -325,7 +326,11 @@ impl RequestBody {
     }
 }
 
-impl Body for RequestBody {
+impl<B> Body for RequestBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     type Data = Bytes;
     type Error = BodyFault;
 
@@ -359,7 +364,7 @@ impl Body for RequestBody {
                     }
                     return Poll::Ready(None);
                 }
-                Poll::Ready(Some(Err(e))) => return this.fail(BodyFault::Read(e)),
+                Poll::Ready(Some(Err(e))) => return this.fail(BodyFault::Read(e.into())),
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
             this.progressed = true;
@@ -404,5 +409,160 @@ impl Body for RequestBody {
         // The client's length, so a Content-Length body is forwarded with its length
         // (and a chunked one chunked, with its trailers).
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+    use std::future::poll_fn;
+
+    use tokio::sync::mpsc;
+
+    /// A body the test feeds frame by frame; closing the sender ends it.
+    struct Fed(mpsc::UnboundedReceiver<Frame<Bytes>>);
+
+    impl Body for Fed {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            self.0.poll_recv(cx).map(|f| f.map(Ok))
+        }
+    }
+
+    fn fed(limits: &BodyLimits) -> (mpsc::UnboundedSender<Frame<Bytes>>, RequestBody<Fed>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (tx, RequestBody::new(Fed(rx), limits, None, None))
+    }
+
+    fn data(n: usize) -> Frame<Bytes> {
+        Frame::data(Bytes::from(vec![b'x'; n]))
+    }
+
+    /// The next frame, waiting for it.
+    async fn next(body: &mut RequestBody<Fed>) -> Option<Result<Frame<Bytes>, BodyFault>> {
+        poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+    }
+
+    /// Polls once, without waiting.
+    fn poll_once(body: &mut RequestBody<Fed>) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
+        let waker = std::task::Waker::noop();
+        Pin::new(body).poll_frame(&mut Context::from_waker(waker))
+    }
+
+    /// Goal: the body buffer budget is shared by every body: a frame that does not fit
+    /// waits (its connection reads no more) until another body's frame is taken by the
+    /// upstream, and a frame larger than the whole budget still passes alone.
+    /// Method: a 10-byte budget; body A takes an 8-byte frame; body B's 8-byte frame must
+    /// wait; A is polled again (its frame taken), and B's frame passes; then a 20-byte
+    /// frame on A.
+    #[tokio::test]
+    async fn the_budget_holds_back_a_frame_until_another_is_taken() {
+        let limits = BodyLimits::new(None, Duration::from_secs(30), 10);
+        let (a_tx, mut a) = fed(&limits);
+        let (b_tx, mut b) = fed(&limits);
+        a_tx.send(data(8)).unwrap();
+        b_tx.send(data(8)).unwrap();
+        assert!(matches!(poll_once(&mut a), Poll::Ready(Some(Ok(_)))));
+        assert_eq!(limits.budget.available_permits(), 2);
+        assert!(
+            poll_once(&mut b).is_pending(),
+            "B waits: 8 bytes do not fit in 2"
+        );
+        assert!(
+            poll_once(&mut a).is_pending(),
+            "A's next frame has not come"
+        );
+        assert_eq!(
+            limits.budget.available_permits(),
+            2,
+            "A's frame was taken, and its 8 bytes went to B, which was waiting for them"
+        );
+        let frame = poll_fn(|cx| Pin::new(&mut b).poll_frame(cx)).await;
+        assert_eq!(frame.unwrap().unwrap().into_data().unwrap().len(), 8);
+        assert_eq!(limits.budget.available_permits(), 2);
+        drop(b);
+        assert_eq!(
+            limits.budget.available_permits(),
+            10,
+            "a dropped body frees its share"
+        );
+        a_tx.send(data(20)).unwrap();
+        assert!(matches!(poll_once(&mut a), Poll::Ready(Some(Ok(_)))));
+        assert_eq!(limits.budget.available_permits(), 0);
+    }
+
+    /// Goal: a body that crosses the size limit is cut off naming the field, and one that
+    /// stays within it passes whole, with its trailers.
+    /// Method: a 10-byte limit; frames of 6 and 4 bytes and trailers on one body, 6 and 5
+    /// on another.
+    #[tokio::test]
+    async fn the_size_limit_cuts_off_a_body_that_crosses_it() {
+        let limits = BodyLimits::new(Some(10), Duration::from_secs(30), 1024);
+        let (tx, mut within) = fed(&limits);
+        tx.send(data(6)).unwrap();
+        tx.send(data(4)).unwrap();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("abc"));
+        tx.send(Frame::trailers(trailers)).unwrap();
+        drop(tx);
+        let mut frames = Vec::new();
+        while let Some(frame) = poll_fn(|cx| Pin::new(&mut within).poll_frame(cx)).await {
+            frames.push(frame.unwrap());
+        }
+        assert_eq!(frames.len(), 3);
+        assert_eq!(frames[2].trailers_ref().unwrap()["x-checksum"], "abc");
+
+        let (tx, mut over) = fed(&limits);
+        tx.send(data(6)).unwrap();
+        tx.send(data(5)).unwrap();
+        assert!(matches!(poll_once(&mut over), Poll::Ready(Some(Ok(_)))));
+        let Poll::Ready(Some(Err(fault))) = poll_once(&mut over) else {
+            panic!("the body crossed its limit and was not cut off");
+        };
+        assert_eq!(
+            fault.to_string(),
+            "request body is over the limit of 10 bytes (limits.body_bytes_max)"
+        );
+        assert_eq!(
+            fault.to_proxy_error().status(),
+            http::StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert!(
+            matches!(poll_once(&mut over), Poll::Ready(None)),
+            "never polled past it"
+        );
+    }
+
+    /// Goal: a body whose client sends nothing for the idle timeout is cut off (408), and
+    /// progress resets the timer.
+    /// Method: paused time, a 100 ms idle timeout; a frame, 80 ms of silence, a frame,
+    /// 80 ms more (still alive: the timer was reset), then 100 ms more.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_body_is_cut_off_and_progress_resets_the_timer() {
+        let limits = BodyLimits::new(None, Duration::from_millis(100), 1024);
+        let (tx, mut body) = fed(&limits);
+        tx.send(data(1)).unwrap();
+        assert!(next(&mut body).await.unwrap().is_ok());
+        let pending = tokio::time::timeout(Duration::from_millis(80), next(&mut body)).await;
+        assert!(pending.is_err(), "still waiting within the timeout");
+        tx.send(data(1)).unwrap();
+        assert!(next(&mut body).await.unwrap().is_ok());
+        let pending = tokio::time::timeout(Duration::from_millis(80), next(&mut body)).await;
+        assert!(pending.is_err(), "the timer restarted at the last frame");
+        let fault = next(&mut body).await.unwrap().unwrap_err();
+        assert_eq!(
+            fault.to_proxy_error().status(),
+            http::StatusCode::REQUEST_TIMEOUT
+        );
+        assert!(
+            fault.to_string().contains("limits.body_idle_timeout_ms"),
+            "{fault}"
+        );
     }
 }
