@@ -139,16 +139,22 @@ pub(crate) async fn serve<H, F>(
         tokio::spawn(async move {
             let gauge = metrics::gauge!(m::CONNECTIONS, "listener" => settings.name);
             gauge.increment(1.0);
+            // With upgrades, so a route with `upgrade = true` can be tunnelled; the
+            // service refuses every other upgrade before anything is forwarded.
             let result = match &settings.tls {
                 None => {
                     admitted
-                        .serve(builder.serve_connection(TokioIo::new(stream), service))
+                        .serve(
+                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service),
+                        )
                         .await
                 }
                 Some(acceptor) => match admitted.handshake(acceptor.accept(stream)).await {
                     Ok(Ok(tls)) => {
                         admitted
-                            .serve(builder.serve_connection(TokioIo::new(tls), service))
+                            .serve(
+                                builder.serve_connection_with_upgrades(TokioIo::new(tls), service),
+                            )
                             .await
                     }
                     Ok(Err(e)) => Err(e.into()),

@@ -130,6 +130,18 @@ async fn run_phases(
     // requests are refused before their body is read.
     let (mut parts, body) = request.into_parts();
     let decision = shared.classifier.classify(&parts)?;
+    // An upgrade its route allows: the client connection's upgrade goes with the request
+    // (taken now, before the parts move), to be tunnelled if the upstream switches.
+    let upgrade = if decision.upgrade {
+        if matches!(shared.backend, Backend::Embedded(_)) {
+            return Err(ProxyError::NotTunnelled {
+                reason: "the embedded object store takes no upgrades".to_owned(),
+            });
+        }
+        parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
+    } else {
+        None
+    };
     ctx.class = decision.class;
     ctx.fenced = decision.class == Class::Write || shared.fence_reads;
     ctx.scope = decision.scope;
@@ -182,7 +194,7 @@ async fn run_phases(
         fail::fail_point!("proxy-before-forward");
         // A body that is empty from the start (most reads) needs no shared state: the
         // guard stays with this task.
-        let (exchange, admitted) = if body.is_end_stream() {
+        let (mut exchange, mut admitted) = if body.is_end_stream() {
             (None, admitted)
         } else {
             (Some(Exchange::new(admitted)), None)
@@ -190,9 +202,23 @@ async fn run_phases(
         let body = RequestBody::new(body, &shared.body_limits, body_max, exchange.clone());
         let response = match &shared.backend {
             Backend::Http(upstream) => {
-                upstream
-                    .forward(parts, body, exchange.as_ref(), &peer)
+                match upstream
+                    .forward(parts, body, exchange.as_ref(), &peer, upgrade)
                     .await
+                {
+                    Ok((response, Some(tunnel))) => {
+                        // The tunnel carries whatever the client sends next, so it holds
+                        // the in-flight guard for as long as it is open.
+                        let held = (exchange.take(), admitted.take());
+                        tokio::spawn(async move {
+                            tunnel.run().await;
+                            drop(held);
+                        });
+                        Ok(response)
+                    }
+                    Ok((response, None)) => Ok(response),
+                    Err(e) => Err(e),
+                }
             }
             Backend::Embedded(store) => {
                 crate::embedded::serve(

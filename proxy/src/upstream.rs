@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body_util::BodyExt;
+use hyper::upgrade::OnUpgrade;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::Semaphore;
 
 use crate::StartError;
@@ -125,13 +126,19 @@ impl HttpUpstream {
     /// for its length; a body whose client stalls is cut off by its own idle timeout. A
     /// body cut off before the upstream answered is answered with the body's fault (413,
     /// 408, 400), as the upstream never saw a whole request.
+    ///
+    /// `upgrade` is the client connection's upgrade, for a request its route lets
+    /// upgrade: the request goes with its `Upgrade` header, and when the upstream
+    /// switches protocols (101) the answer comes with the [`Tunnel`] to run between the
+    /// two upgraded connections.
     pub(crate) async fn forward(
         &self,
         mut parts: http::request::Parts,
         body: RequestBody,
         exchange: Option<&Arc<Exchange>>,
         peer: &Peer,
-    ) -> Result<Response<ProxyBody>, ProxyError> {
+        upgrade: Option<OnUpgrade>,
+    ) -> Result<(Response<ProxyBody>, Option<Tunnel>), ProxyError> {
         let path_and_query = parts
             .uri
             .path_and_query()
@@ -143,7 +150,18 @@ impl HttpUpstream {
             .build()
             .map_err(|e| ProxyError::BadRequest(format!("cannot build upstream URI: {e}")))?;
         let te_trailers = wants_trailers(&parts.headers);
+        let protocol = upgrade
+            .is_some()
+            .then(|| parts.headers.get(header::UPGRADE).cloned())
+            .flatten();
         strip_hop_by_hop(&mut parts.headers);
+        if let Some(protocol) = protocol {
+            // The one hop-by-hop exchange passed on: the route allows it.
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, protocol);
+        }
         if te_trailers {
             // The client takes response trailers: ask the upstream for them on this hop.
             parts
@@ -181,8 +199,63 @@ impl HttpUpstream {
                 None => ProxyError::Upstream(error_chain(&e)),
             })?;
         let (mut parts, body) = response.into_parts();
+        let switched = parts.status == http::StatusCode::SWITCHING_PROTOCOLS;
+        let tunnel = match (switched, upgrade) {
+            (true, Some(client)) => {
+                let upstream = parts.extensions.remove::<OnUpgrade>().ok_or_else(|| {
+                    ProxyError::Upstream(
+                        "101 from the upstream without an upgradable connection".to_owned(),
+                    )
+                })?;
+                Some(Tunnel { client, upstream })
+            }
+            (true, None) => {
+                return Err(ProxyError::Upstream(
+                    "the upstream switched protocols (101) for a request that asked for no upgrade"
+                        .to_owned(),
+                ));
+            }
+            (false, _) => None,
+        };
+        let protocol = tunnel
+            .as_ref()
+            .and_then(|_| parts.headers.get(header::UPGRADE).cloned());
         strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(parts, body.boxed()))
+        if let Some(protocol) = protocol {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, protocol);
+        }
+        Ok((Response::from_parts(parts, body.boxed()), tunnel))
+    }
+}
+
+/// The two upgraded connections of a request whose upstream switched protocols (101):
+/// bytes are copied both ways until either side closes.
+pub(crate) struct Tunnel {
+    client: OnUpgrade,
+    upstream: OnUpgrade,
+}
+
+impl Tunnel {
+    /// Copies both ways until either side closes or fails; the caller holds the
+    /// request's in-flight guard meanwhile.
+    pub(crate) async fn run(self) {
+        let (client, upstream) = tokio::join!(self.client, self.upstream);
+        let (client, upstream) = match (client, upstream) {
+            (Ok(c), Ok(u)) => (c, u),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(cause = %e, "upgrade failed; no tunnel");
+                return;
+            }
+        };
+        let mut client = TokioIo::new(client);
+        let mut upstream = TokioIo::new(upstream);
+        match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+            Ok((up, down)) => tracing::debug!(up, down, "tunnel closed"),
+            Err(e) => tracing::debug!(cause = %e, "tunnel ended with an error"),
+        }
     }
 }
 

@@ -1,14 +1,15 @@
 //! Bodies stream through the proxy after admission, and requests reach the upstream as
 //! the client sent them: a 1 GiB upload in bounded memory, unfinished bodies that do not
 //! pile up, `Expect: 100-continue` answered only after admission, trailers, `Host`,
-//! `X-Forwarded-For`, and the body limits (size cap, idle timeout).
+//! `X-Forwarded-For`, the body limits (size cap, idle timeout), and upgrades tunnelled on
+//! the routes that allow them.
 //!
 //! Memory figures come from the proxy process's `/proc/PID/status` (`VmHWM`, its peak
 //! resident set, and `VmRSS`). They are bounds the proxy must keep by design, asserted as
 //! stated requirements, and they hold for the debug binary these tests run.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -496,4 +497,111 @@ async fn body_over_the_operator_cap_is_413() {
         fence.token, 1,
         "the 413 before admission did not raise the fence to 7"
     );
+}
+
+/// A tiny upstream that answers an upgrade request with 101 and then echoes what the
+/// client sends on the upgraded connection; any other request gets 200.
+async fn echo_upstream() -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    |mut req: Request<hyper::body::Incoming>| async move {
+                        if !req.headers().contains_key("upgrade") {
+                            return Ok(http::Response::new(Full::new(Bytes::from_static(
+                                b"plain\n",
+                            ))));
+                        }
+                        let upgrade = hyper::upgrade::on(&mut req);
+                        tokio::spawn(async move {
+                            if let Ok(upgraded) = upgrade.await {
+                                let mut io = hyper_util::rt::TokioIo::new(upgraded);
+                                let (mut r, mut w) = tokio::io::split(&mut io);
+                                let _ = tokio::io::copy(&mut r, &mut w).await;
+                            }
+                        });
+                        let response = http::Response::builder()
+                            .status(StatusCode::SWITCHING_PROTOCOLS)
+                            .header("connection", "upgrade")
+                            .header("upgrade", "echo")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(response)
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Goal: on a route with `upgrade = true`, an upgrade is forwarded and, on the
+/// upstream's 101, tunnelled both ways; the tunnel holds its scope's in-flight guard while
+/// open (a higher token waits at the barrier), and releases it when closed.
+/// Method: an echo upstream answering 101; a raw upgrade request with token 1 on `/ws`;
+/// echo a line through the tunnel; a write with token 2 of the same scope times out at
+/// a 300 ms barrier while the tunnel is open, and passes once it is closed.
+#[tokio::test]
+async fn upgrade_on_an_allowed_route_is_tunnelled_and_holds_its_scope() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _task) = echo_upstream().await;
+    let config = write_config(
+        dir.path(),
+        "[[routes]]\nprefix = \"/ws\"\nscope = \"ws\"\nupgrade = true\n\n[limits]\nbarrier_timeout_ms = 300\n",
+    );
+    let proxy = start_proxy(
+        dir.path(),
+        &[
+            "--upstream",
+            &format!("http://{upstream}"),
+            "--config",
+            &config,
+        ],
+    );
+    let addr = proxy.addr;
+    let tunnel = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        let head = format!(
+            "GET /ws HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        let answer = read_until(&mut stream, "\r\n\r\n", Duration::from_secs(10));
+        assert!(answer.starts_with("HTTP/1.1 101"), "{answer}");
+        stream.write_all(b"ping through the tunnel\n").unwrap();
+        let echoed = read_until(&mut stream, "tunnel\n", Duration::from_secs(10));
+        assert_eq!(echoed, "ping through the tunnel\n");
+        stream
+    })
+    .await
+    .unwrap();
+
+    let waiting = put(&proxy.url("/ws"), 2, b"x").await;
+    assert_eq!(
+        waiting.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the open tunnel holds the scope: {}",
+        waiting.text()
+    );
+    tunnel.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(tunnel);
+    let status = wait::until(
+        "the closed tunnel to release its scope",
+        Duration::from_secs(10),
+        || async {
+            let answer = put(&proxy.url("/ws"), 2, b"x").await;
+            (answer.status != StatusCode::SERVICE_UNAVAILABLE).then_some(answer.status)
+        },
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
 }
