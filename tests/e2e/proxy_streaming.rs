@@ -605,3 +605,123 @@ async fn upgrade_on_an_allowed_route_is_tunnelled_and_holds_its_scope() {
     .await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// A response body of one data frame and then trailers, with no length known up front
+/// (so it goes chunked, the only HTTP/1 framing that carries trailers).
+struct WithTrailers(Option<Bytes>, Option<http::HeaderMap>);
+
+impl hyper::body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        let frame = match self.0.take() {
+            Some(data) => Some(hyper::body::Frame::data(data)),
+            None => self.1.take().map(hyper::body::Frame::trailers),
+        };
+        std::task::Poll::Ready(frame.map(Ok))
+    }
+}
+
+/// Goal: response trailers reach a client that accepts them (`TE: trailers`): the proxy
+/// asks the upstream for them on its own hop and passes them on.
+/// Method: an upstream answering with a chunked body, `Trailer: x-sum` and that trailer,
+/// but only when its request carries `TE: trailers`; a raw client sends `TE: trailers`
+/// and reads the chunked answer to its end.
+#[tokio::test]
+async fn response_trailers_reach_a_client_that_accepts_them() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap();
+    let _task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(|req: Request<hyper::body::Incoming>| async move {
+                        let te = req
+                            .headers()
+                            .get("te")
+                            .map(|v| v.to_str().unwrap().to_owned());
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("x-sum", http::HeaderValue::from_static("42"));
+                        let response = http::Response::builder()
+                            .header("trailer", "x-sum")
+                            .header("x-te-seen", te.unwrap_or_default())
+                            .body(WithTrailers(
+                                Some(Bytes::from_static(b"payload")),
+                                Some(trailers),
+                            ))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(response)
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let proxy = start_proxy(dir.path(), &["--upstream", &format!("http://{upstream}")]);
+    let addr = proxy.addr;
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .write_all(b"GET /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        read_until(&mut stream, "x-sum: 42\r\n\r\n", Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-te-seen: trailers"), "{answer}");
+    assert!(answer.contains("payload"), "{answer}");
+    assert!(answer.contains("\r\n0\r\nx-sum: 42\r\n\r\n"), "{answer}");
+}
+
+/// Goal: the embedded store, which holds objects whole, refuses a body over
+/// `limits.object_bytes_max` with 413 naming that field, with or without a declared
+/// length, and stores nothing of it.
+/// Method: an embedded store with a 1 KiB object limit; PUT 2 KiB with Content-Length,
+/// then 1600 bytes chunked; read the key back.
+#[tokio::test]
+async fn embedded_store_refuses_bodies_over_its_object_limit_naming_it() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "[limits]\nobject_bytes_max = 1024\n");
+    let proxy = start_proxy(dir.path(), &["--config", &config]);
+    let big = put(&proxy.url("/obj"), 1, vec![b'x'; 2048]).await;
+    assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        big.text().contains("limits.object_bytes_max"),
+        "{}",
+        big.text()
+    );
+
+    let chunk = "y".repeat(800);
+    let chunked = format!(
+        "PUT /obj HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len(),
+        chunk.len()
+    );
+    let addr = proxy.addr;
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.write_all(chunked.as_bytes()).unwrap();
+        read_until(
+            &mut stream,
+            "limits.object_bytes_max",
+            Duration::from_secs(10),
+        )
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    let read = send(Method::GET, &proxy.url("/obj"), &[], b"").await;
+    assert_eq!(read.status, StatusCode::NOT_FOUND, "nothing was stored");
+}
