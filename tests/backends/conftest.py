@@ -133,6 +133,15 @@ class Process:
         )
         _STARTED.append(self)
 
+    def wait_or_stop(self, what: str, condition):
+        """``wait_until``, stopping this process if the wait fails, so that no process of a
+        failed start outlives the test."""
+        try:
+            return wait_until(what, condition)
+        except BaseException:
+            self.stop()
+            raise
+
     def alive(self) -> bool:
         return self.popen.poll() is None
 
@@ -225,7 +234,7 @@ class Proxy:
              "--data-dir", workdir / "data", "--upstream", upstream, *tls_flags],
             workdir / "proxy.log",
         )
-        wait_until("the proxy's /healthz", self._healthy)
+        self.process.wait_or_stop("the proxy's /healthz", self._healthy)
 
     def _healthy(self):
         self.process.check_alive()
@@ -339,7 +348,7 @@ class StaleWriter:
         spec_file.write_text(json.dumps({**spec, "nodes": node_urls, "result": str(self.result)}))
         self.process = Process("stale writer", [sys.executable, HERE / "stale_writer.py", spec_file],
                                workdir / "writer.log")
-        wait_until("the writer to take its token and stop itself", self._stopped)
+        self.process.wait_or_stop("the writer to take its token and stop itself", self._stopped)
         self.token = json.loads(Path(f"{self.result}.token").read_text())["token"]
 
     def _stopped(self):
@@ -372,6 +381,7 @@ def gc_paused_writer_is_refused(tmp: Path, proxy: Proxy, scope: str, spec: dict,
     backend directly, must still be the new value. Returns the old and new tokens and
     that value."""
     cluster = Cluster(tmp / "cluster", scope, proxy.admin)
+    writer = None
     try:
         first = cluster.wait_leader()
         node_urls = [cluster.api(i) for i in cluster.nodes]
@@ -389,6 +399,9 @@ def gc_paused_writer_is_refused(tmp: Path, proxy: Proxy, scope: str, spec: dict,
         assert outcome["token"] == first["token"]
         return first["token"], second["token"], backend_value()
     finally:
+        # A writer left stopped by a failure would stay stopped forever: SIGKILL ends it.
+        if writer is not None:
+            writer.process.stop()
         cluster.stop()
 
 

@@ -23,7 +23,6 @@ from conftest import (
     is_problem,
     proxy_config,
     tool,
-    wait_until,
 )
 SCOPE = "etcd"
 
@@ -45,7 +44,7 @@ class Etcd:
         }))
         self.url = f"http://127.0.0.1:{client}"
         self.process = Process("etcd", [binary, "--config-file", config], workdir / "etcd.log")
-        wait_until("etcd's /health", self._healthy)
+        self.process.wait_or_stop("etcd's /health", self._healthy)
 
     def _healthy(self):
         self.process.check_alive()

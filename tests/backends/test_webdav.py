@@ -22,7 +22,6 @@ from conftest import (
     port_open,
     proxy_config,
     tool,
-    wait_until,
 )
 SCOPE = "dav"
 
@@ -38,7 +37,7 @@ class WsgiDav:
         config.write_text(example("wsgidav.yaml", {"8090": self.port, "/var/lib/dav": self.root}))
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = Process("wsgidav", [binary, "--config", config], workdir / "wsgidav.log")
-        wait_until("wsgidav to answer OPTIONS", self._up)
+        self.process.wait_or_stop("wsgidav to answer OPTIONS", self._up)
 
     def _up(self):
         self.process.check_alive()
