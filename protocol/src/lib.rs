@@ -19,6 +19,7 @@
 //! - `problem`: [`Problem`], the RFC 9457 error body every API answers with.
 //! - `admin`: the proxy's admin API: paths and bodies.
 //! - `node`: the node API: paths, [`LeaderView`], [`Role`], transfers, test faults.
+//! - `lease`: fleet leases: [`LeaseRequest`], [`LeaseGrant`], `POST /v1/lease`.
 //! - `store`: the embedded object store's answers: [`StoredObject`], [`KeyList`].
 //! - `proof`: the bytes a token proof signs ([`proof::proof_message`]).
 //! - `process`: ready lines, failpoint lines, environment variable names, log event names.
@@ -30,6 +31,7 @@
 
 pub mod admin;
 pub mod headers;
+pub mod lease;
 pub mod node;
 pub mod problem;
 pub mod process;
@@ -45,6 +47,7 @@ pub mod token;
 pub use admin::{
     AdvanceRequest, AdvanceResponse, FenceList, FenceView, ResetRequest, ResetResponse,
 };
+pub use lease::{LeaseGrant, LeaseRequest};
 pub use node::{FaultSpec, Health, LeaderView, LongPoll, Role, TransferRequest, Transferred};
 pub use problem::Problem;
 pub use scope::{DEFAULT_SCOPE, SCOPE_BYTES_MAX, Scope, ScopeError};

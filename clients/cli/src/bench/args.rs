@@ -74,7 +74,8 @@ pub(super) struct LoadArgs {
     /// --advance-share.
     #[arg(long, env = "PALISADE_BENCH_TOKEN")]
     pub(super) token: Option<u64>,
-    /// Fencing scope to send (`Fencing-Scope`).
+    /// Fencing scope to send (`Fencing-Scope`); the proxy must take client-chosen scopes
+    /// (`palisade proxy --client-scopes`).
     #[arg(long, env = "PALISADE_BENCH_SCOPE")]
     scope: Option<String>,
     /// Fraction (0 to 1) of requests that carry a new, higher token from a counter

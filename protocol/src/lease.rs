@@ -1,0 +1,52 @@
+//! Fleet leases: how a proxy in fleet mode (`palisade proxy --cluster URL,...`) learns,
+//! with a bound in time, which term is current.
+//!
+//! A proxy sends `POST /v1/lease` with a [`LeaseRequest`] to the cluster's leader. The
+//! leader answers with a [`LeaseGrant`] only after it has confirmed, with a quorum and
+//! after the request arrived, that it still leads (as a raft ReadIndex does). The proxy
+//! measures the lease on its own monotonic clock **from when it sent the request**, so a
+//! slow answer only shortens the lease. While the lease holds, the grant's `term` is
+//! current: an equal token is admitted from memory, a lower one is stale, a higher one
+//! makes the proxy renew first. A new leader releases its token only once every proxy
+//! of the fleet acknowledged the new term (the announce) or every unacknowledged proxy's
+//! lease has certainly expired. The protocol and its safety argument: `docs/fleet.md`.
+//!
+//! A node that is not the leader answers 503 problem+json of kind [`NOT_LEADER`], with
+//! the leader it knows in `detail`; a proxy the cluster does not list (not among the
+//! nodes' `--announce` URLs) is refused with 403 of kind [`UNKNOWN_PROXY`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::scope::Scope;
+
+/// A proxy asks for (or renews) its lease.
+pub const LEASE_PATH: &str = "/v1/lease";
+/// Problem kind: this node does not lead; ask another.
+pub const NOT_LEADER: &str = "not-leader";
+/// Problem kind: the proxy is not one of the fleet's (the nodes' `--announce` URLs).
+pub const UNKNOWN_PROXY: &str = "unknown-proxy";
+/// Problem kind: this cluster grants no leases (its nodes run without `--lease-ms`).
+pub const LEASES_OFF: &str = "leases-off";
+
+/// `POST /v1/lease`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// The proxy, named by its admin URL exactly as the nodes' `--announce` lists it.
+    pub proxy: String,
+}
+
+/// The leader's answer: it led, confirmed by a quorum, at some moment after the request
+/// was sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    /// The scope the cluster's tokens are for.
+    pub scope: Scope,
+    /// The leader's term: the current term while the lease holds.
+    pub term: u64,
+    /// The leader that granted it.
+    pub leader_id: u64,
+    /// How long the lease holds, in milliseconds, counted by the proxy from when it sent
+    /// the request.
+    pub lease_ms: u64,
+}
