@@ -170,6 +170,16 @@ pub enum ProxyError {
     /// The upstream could not be reached or broke the exchange.
     #[error("upstream error: {0}")]
     Upstream(String),
+    /// The request head is over `limits.header_bytes_max`.
+    #[error(
+        "request head of {bytes} bytes is over the limit of {max} bytes (limits.header_bytes_max)"
+    )]
+    HeadTooLarge {
+        /// The head's size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The proxy's own storage failed; nothing was forwarded.
     #[error("storage error: {0}")]
     Storage(String),
@@ -229,6 +239,7 @@ impl ProxyError {
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | Self::HeadTooLarge { .. }
         }
     }
 
@@ -261,6 +272,7 @@ impl ProxyError {
     /// The error as problem+json: the one mapping from an error to its answer body.
     /// The kind is [`reason`](Self::reason), the detail the error's message, and the
     /// fencing errors add `scope`, `presented` and `current` (a proof error the first
+            Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
     /// two: the proxy does not tell an unproven client the fence).
     pub fn to_problem(&self) -> Problem {
         let mut problem = Problem::new(self.status(), self.reason(), self.to_string());
@@ -289,6 +301,7 @@ impl ProxyError {
                 presented,
                 current,
                 ..
+            Self::HeadTooLarge { .. } => "head-too-large",
             } => problem.with_fence(scope, *presented, *current),
             _ => problem,
         }

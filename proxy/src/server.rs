@@ -25,6 +25,11 @@ use crate::metrics as m;
 /// Pause after a failed accept (for example EMFILE), so the loop does not spin.
 const ACCEPT_BACKOFF_MS: u64 = 50;
 
+/// Largest single read of an HTTP/1 connection, in bytes: how much of a body can arrive
+/// as one frame. hyper grows its reads from 8 KiB up to this while they come back full,
+/// so a connection sending small requests keeps small buffers.
+pub(crate) const READ_BUFFER_BYTES_MAX: usize = 64 * 1024;
+
 /// The client at the other end of a connection, worked out once per connection rather
 /// than once per request.
 pub(crate) struct Peer {
@@ -93,7 +98,13 @@ pub(crate) async fn serve<H, F>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout)
-        .max_buf_size(settings.header_bytes_max)
+        // hyper's one buffer limit bounds both the request head and each read of a body.
+        // At `header_bytes_max` (16 KiB by default) a 64 KiB body would arrive as four
+        // or more frames, each a wake-up of the forwarding task and a write to the
+        // upstream: streaming would cost more CPU than reading the body whole. So reads
+        // may grow to `READ_BUFFER_BYTES_MAX`, and the head limit is checked by the
+        // service instead (`service::check_head_size`, 431 as before).
+        .max_buf_size(settings.header_bytes_max.max(READ_BUFFER_BYTES_MAX))
         .keep_alive(true);
     builder
         .http2()

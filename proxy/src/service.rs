@@ -44,6 +44,9 @@ pub(crate) struct Shared {
     classifier: Classifier,
     fence_reads: bool,
     strip_token: bool,
+    /// `limits.header_bytes_max`: hyper's buffer is larger (see the listener), so the
+    /// head limit is checked here.
+    head_bytes_max: usize,
     /// What every streamed body obeys.
     body_limits: BodyLimits,
 }
@@ -62,6 +65,7 @@ impl Shared {
             classifier: Classifier::new(config),
             fence_reads: config.fence_reads,
             strip_token: config.strip_token,
+            head_bytes_max: config.limits.header_bytes_max,
             body_limits: BodyLimits::new(
                 config.limits.body_bytes_max,
                 Duration::from_millis(config.limits.body_idle_timeout_ms),
@@ -129,6 +133,7 @@ async fn run_phases(
     // Phase: parse and classify. Scope and token come from the head alone, so bad
     // requests are refused before their body is read.
     let (mut parts, body) = request.into_parts();
+    check_head_size(&parts, shared.head_bytes_max)?;
     let decision = shared.classifier.classify(&parts)?;
     // An upgrade its route allows: the client connection's upgrade goes with the request
     // (taken now, before the parts move), to be tunnelled if the upstream switches.
@@ -327,6 +332,26 @@ fn count_forwarded(class: Class) {
 }
 
 /// The request's `Fencing-Token`, parsed by the protocol's one rule; a bad one is 400.
+/// Refuses an HTTP/1 request head over `limits.header_bytes_max` (431), counted as it
+/// was sent: the request line and each header line with their separators. HTTP/2 heads
+/// are bounded by the connection's `max_header_list_size` instead.
+fn check_head_size(parts: &http::request::Parts, max: usize) -> Result<(), ProxyError> {
+    if parts.version >= http::Version::HTTP_2 {
+        return Ok(());
+    }
+    // "METHOD SP target SP HTTP/1.1 CRLF", then "name: value CRLF" each, then CRLF.
+    let line = parts.method.as_str().len()
+        + parts.uri.path_and_query().map_or(1, |p| p.as_str().len())
+        + 12;
+    let bytes = parts.headers.iter().fold(line + 2, |sum, (name, value)| {
+        sum + name.as_str().len() + value.len() + 4
+    });
+    if bytes > max {
+        return Err(ProxyError::HeadTooLarge { bytes, max });
+    }
+    Ok(())
+}
+
 fn token_of(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
     parse_token_header(headers).map_err(|reason| ProxyError::BadToken { reason })
 }

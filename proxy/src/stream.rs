@@ -204,10 +204,11 @@ pub(crate) struct RequestBody<B = Incoming> {
     idle: Duration,
     /// Bytes seen so far.
     seen: u64,
-    /// Armed when the client is first waited for; reset when it made progress since.
+    /// Armed when the client is first waited for; moved forward only when it fires
+    /// after progress.
     idle_timer: Option<Pin<Box<Sleep>>>,
-    /// Whether a frame arrived since the idle timer was last set.
-    progressed: bool,
+    /// When the client last sent something (or the body started).
+    last_progress: tokio::time::Instant,
     /// Permits for the frame last handed over.
     held: Option<Held>,
     /// A frame read while the budget was exhausted, waiting for its permits.
@@ -240,7 +241,7 @@ impl<B> RequestBody<B> {
             idle: limits.idle,
             seen: 0,
             idle_timer: None,
-            progressed: false,
+            last_progress: tokio::time::Instant::now(),
             held: None,
             parked: None,
             exchange,
@@ -306,22 +307,28 @@ impl<B> RequestBody<B> {
         }
     }
 
-    /// The client has nothing for us now: arm (or re-arm, after progress) the idle timer
-    /// and see whether it has run out.
+    /// The client has nothing for us now: arm the idle timer if it is not armed, and see
+    /// whether the client has been silent for the whole idle timeout.
+    ///
+    /// The timer is armed once per body and moved only when it fires after progress (to
+    /// the last progress plus the timeout), not on every frame: a body arriving in many
+    /// frames costs one timer registration, not one per frame.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(exchange) = &self.exchange {
             exchange.waiting_for_client.store(true, Ordering::Relaxed);
         }
-        let deadline = tokio::time::Instant::now() + self.idle;
-        match &mut self.idle_timer {
-            None => self.idle_timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
-            Some(timer) if self.progressed => timer.as_mut().reset(deadline),
-            Some(_) => {}
-        }
-        self.progressed = false;
-        match &mut self.idle_timer {
-            Some(timer) => timer.as_mut().poll(cx),
-            None => Poll::Pending,
+        let due = self.last_progress + self.idle;
+        let timer = self
+            .idle_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+        loop {
+            ready!(timer.as_mut().poll(cx));
+            // Fired: the client really was silent for the timeout only if nothing came
+            // since the deadline was set.
+            if timer.deadline() >= due {
+                return Poll::Ready(());
+            }
+            timer.as_mut().reset(due);
         }
     }
 }
@@ -367,7 +374,7 @@ where
                 Poll::Ready(Some(Err(e))) => return this.fail(BodyFault::Read(e.into())),
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
-            this.progressed = true;
+            this.last_progress = tokio::time::Instant::now();
             if let Some(exchange) = &this.exchange {
                 exchange.waiting_for_client.store(false, Ordering::Relaxed);
             }
