@@ -74,6 +74,24 @@ def write(port, token, path):
         return None
 
 
+def releases(port):
+    """The node's palisade_node_token_releases_total by cause ({} when it has none)."""
+    out = {}
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=QUERY_TIMEOUT_S) as r:
+            text = r.read().decode()
+    except (OSError, urllib.error.URLError):
+        return out
+    for line in text.splitlines():
+        if line.startswith("palisade_node_token_releases_total{") and 'by="' in line:
+            by = line.split('by="', 1)[1].split('"', 1)[0]
+            try:
+                out[by] = out.get(by, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
+
+
 class Fleet:
     def __init__(self, args):
         self.args = args
@@ -190,7 +208,8 @@ def trial(fleet, n, poll):
     others = [i for i in range(3) if i != leader]
     t = {"paused_node": leader + 1, "old_term": old_term, "old_token": old_token, "proxy": target + 1,
          "new_term": None, "elected_ms": None, "released_ms": None, "admitted_ms": None,
-         "refusals": {}}
+         "refusals": {}, "released_by": {}}
+    before = {i: releases(fleet.api[i]) for i in others}
     os.kill(fleet.node_pids[leader], signal.SIGSTOP)
     t0 = time.monotonic()
     ms = lambda: (time.monotonic() - t0) * 1000.0
@@ -207,6 +226,7 @@ def trial(fleet, n, poll):
                     if v["token"] is not None:
                         t["released_ms"] = ms()
                         new = v["token"]
+                        winner = i
                         break
             else:
                 time.sleep(poll)
@@ -220,6 +240,11 @@ def trial(fleet, n, poll):
             time.sleep(poll)
     finally:
         os.kill(fleet.node_pids[leader], signal.SIGCONT)
+    if new is not None:
+        # Why the new leader released its token: every proxy acknowledged the term
+        # ("announce") or the release wait passed ("lease-expiry").
+        after = releases(fleet.api[winner])
+        t["released_by"] = {k: v - before[winner].get(k, 0.0) for k, v in after.items() if v != before[winner].get(k, 0.0)}
     return t
 
 
@@ -255,7 +280,8 @@ def main():
             fmt = lambda x: "-" if x is None else f"{x:.0f}"
             log(f"{a.proxies} proxies, trial {n}: paused node {t['paused_node']} (term {t['old_term']}): "
                 f"elected {fmt(t['elected_ms'])} ms, released {fmt(t['released_ms'])} ms, "
-                f"admitted at proxy {t['proxy']} {fmt(t['admitted_ms'])} ms; refusals {t['refusals']}")
+                f"admitted at proxy {t['proxy']} {fmt(t['admitted_ms'])} ms; refusals {t['refusals']}; "
+                f"released by {t['released_by']}")
             time.sleep(a.settle_ms / 1000.0)
     finally:
         fleet.stop()

@@ -114,6 +114,13 @@ for mode, n in configs:
             refusals[k] = refusals.get(k, 0) + c
     print(f"| {n} | answers before the admitted write | {sum(refusals.values())} | "
           f"{', '.join(f'{k}: {c}' for k, c in sorted(refusals.items())) or 'none'} | | |")
+    causes = {}
+    for t in trials:
+        for k, c in t.get("released_by", {}).items():
+            causes[k] = causes.get(k, 0) + c
+    if causes:
+        print(f"| {n} | tokens released, by cause | {sum(causes.values()):.0f} | "
+              f"{', '.join(f'{k}: {c:.0f}' for k, c in sorted(causes.items()))} | | |")
 def ratio(a, b):
     if (a, "admitted_ms") in med and (b, "admitted_ms") in med:
         print(f"ratio of medians, write admitted, {a} / {b}: {med[(a, 'admitted_ms')] / med[(b, 'admitted_ms')]:.2f}")
