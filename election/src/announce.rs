@@ -1,4 +1,4 @@
-//! Fencing on election: once this node holds a token, raise every `--announce` proxy's
+//! Fencing on election: once this node is the established leader, raise every `--announce` proxy's
 //! fence for the scope to it (`POST <url>/v1/fences/<scope>`, through
 //! [`palisade_client::ProxyAdmin::advance`]), so a deposed leader's writes are refused at
 //! once rather than when its own token arrives.
@@ -11,10 +11,15 @@
 //! response). When every proxy accepted the token the loop is told, and
 //! `Leadership::announced` becomes true.
 //!
+//! The announcer follows `Leadership::established`, not `token`: with fleet leases the
+//! token is released only once every proxy accepted the term (or the release wait
+//! passed), so the announcement must come first. Without leases the two are equal.
+//!
 //! With a signing key, each announcement carries the token's proof, which a proxy holding
 //! the public key accepts without any other credential; `--announce-token-file` adds a
 //! bearer token for proxies whose admin API requires one.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_client::{ClientError, ClientTls, ProxyAdmin, StatusCode, backoff};
@@ -26,7 +31,7 @@ use tracing::{Instrument as _, info, warn};
 use crate::config::{ConfigError, NodeTls};
 use crate::leadership::{Leadership, TokenProof};
 use crate::metrics::NodeMetrics;
-use crate::node::Commands;
+use crate::node::{Commands, TokenSigner};
 
 /// Time allowed for one announcement request.
 pub const ANNOUNCE_TIMEOUT_MS: u64 = 2_000;
@@ -41,6 +46,9 @@ pub(crate) struct Announcer {
     pub urls: Vec<String>,
     /// The bearer token of `--announce-token-file`, if any.
     pub bearer: Option<String>,
+    /// Signs each announced term's proof (`--token-key`), the same proof the leader view
+    /// shows once the token is released.
+    pub signer: Option<Arc<TokenSigner>>,
     /// How to speak https to the proxies: the cluster CA and this node's certificate
     /// when the node has TLS, the system's roots otherwise.
     pub tls: ClientTls,
@@ -91,16 +99,17 @@ pub(crate) async fn run(a: Announcer) {
         // Each branch future yields a plain value: a watch guard must not live across an await.
         let waited = tokio::select! {
             () = a.shutdown.cancelled() => return,
-            w = async { rx.wait_for(|l| l.token.is_some() && !l.announced).await.map(|l| (l.token, l.proof)) } => w,
+            w = async { rx.wait_for(|l| l.established.is_some() && !l.announced).await.map(|l| l.established) } => w,
         };
-        let Ok((Some(token), proof)) = waited else {
+        let Ok(Some(token)) = waited else {
             return; // the loop stopped
         };
+        let proof = a.signer.as_ref().map(|signer| signer.sign(token));
         let mut lost = rx.clone();
         let accepted = tokio::select! {
             () = a.shutdown.cancelled() => return,
-            () = async { let _ = lost.wait_for(|l| l.token != Some(token)).await; } => {
-                info!(token, "token withdrawn before every proxy accepted it");
+            () = async { let _ = lost.wait_for(|l| l.established != Some(token)).await; } => {
+                info!(token, "leadership lost before every proxy accepted the term");
                 continue;
             }
             all = announce_all(&admins, &a, token, proof) => all,
@@ -111,7 +120,7 @@ pub(crate) async fn run(a: Announcer) {
         // Announced (or refused somewhere): nothing more to do until the token changes.
         let stopped = tokio::select! {
             () = a.shutdown.cancelled() => true,
-            s = async { rx.wait_for(|l| l.token != Some(token)).await.is_err() } => s,
+            s = async { rx.wait_for(|l| l.established != Some(token)).await.is_err() } => s,
         };
         if stopped {
             return;

@@ -11,6 +11,8 @@
 //! - `POST /v1/transfer` with a [`TransferRequest`]: leadership transfer; waits for the
 //!   outcome and answers [`Transferred`].
 //! - `POST /v1/resign`: transfer to the best other voter.
+//! - `POST /v1/lease` with a `LeaseRequest`: a fleet lease for an `--announce` proxy
+//!   (see [`crate::lease`] for its answers).
 //! - `GET /metrics` (Prometheus text), `GET /healthz` ([`Health`]; 503 once the election
 //!   loop stopped).
 //! - Only on a node started with test faults (`PALISADE_TEST_FAULTS=1`), else 404:
@@ -76,6 +78,8 @@ pub(crate) struct ApiState {
     pub leadership: watch::Receiver<Leadership>,
     pub commands: Commands,
     pub metrics: NodeMetrics,
+    /// Fleet leases; `None` when the node runs without `--lease-ms`.
+    pub leases: Option<crate::lease::LeaseApi>,
     /// The transport's test faults, only when they are enabled.
     pub faults: Option<Arc<LinkFaults>>,
     /// Cancelled at shutdown: ends long polls, then the listener.
@@ -84,7 +88,7 @@ pub(crate) struct ApiState {
 
 impl ApiState {
     /// A problem from this node, naming the leader it knows.
-    fn problem(&self, problem: Problem) -> Problem {
+    pub(crate) fn problem(&self, problem: Problem) -> Problem {
         let leader_id = self.leadership.borrow().leader_id;
         problem.with_node(self.node_id, leader_id)
     }
@@ -105,6 +109,8 @@ impl ApiState {
             token: l.token,
             announced: l.announced,
             proof: l.proof.map(|p| p.encode()),
+            lease_ms: self.leases.as_ref().map(|leases| leases.lease_ms),
+            released: self.leases.as_ref().map(|_| l.token.is_some()),
         }
     }
 }
@@ -143,6 +149,10 @@ pub(crate) fn app(state: ApiState) -> Router {
         .route(LEADER_PATH, get(leader))
         .route(TRANSFER_PATH, post(transfer))
         .route(RESIGN_PATH, post(resign))
+        .route(
+            palisade_protocol::lease::LEASE_PATH,
+            post(crate::lease::lease),
+        )
         .route(METRICS_PATH, get(metrics))
         .route(HEALTHZ_PATH, get(health));
     if faults_enabled {
@@ -334,6 +344,10 @@ mod tests {
         leadership: watch::Sender<Leadership>,
         inbox: Option<mpsc::Receiver<Msg>>,
         faults: bool,
+        /// Grant leases to this proxy (`None`: leases off).
+        lease_proxy: Option<String>,
+        /// The permits of the last app's lease API.
+        lease_permits: Option<Arc<tokio::sync::Semaphore>>,
     }
 
     impl TestNode {
@@ -345,23 +359,33 @@ mod tests {
                 token: None,
                 announced: false,
                 proof: None,
+                established: None,
+                released_by: None,
             });
             Self {
                 leadership,
                 inbox: None,
                 faults,
+                lease_proxy: None,
+                lease_permits: None,
             }
         }
 
         fn app(&mut self) -> Router {
             let (tx, rx) = mpsc::channel(4);
             self.inbox = Some(rx);
+            let leases = self
+                .lease_proxy
+                .as_ref()
+                .map(|proxy| crate::lease::LeaseApi::new(60_000, std::slice::from_ref(proxy)));
+            self.lease_permits = leases.as_ref().map(|l| Arc::clone(&l.permits));
             app(ApiState {
                 node_id: 1,
                 scope: Scope::default_scope(),
                 leadership: self.leadership.subscribe(),
                 commands: Commands::new(tx),
                 metrics: NodeMetrics::new(1),
+                leases,
                 faults: self
                     .faults
                     .then(|| Arc::new(LinkFaults::new(true, 1, [1, 2, 3]))),
@@ -383,10 +407,20 @@ mod tests {
     }
 
     async fn call(app: Router, method: &str, uri: &str, body: &str) -> Answer {
+        call_as(app, method, uri, "application/json", body).await
+    }
+
+    async fn call_as(
+        app: Router,
+        method: &str,
+        uri: &str,
+        content_type: &str,
+        body: &str,
+    ) -> Answer {
         let request = Request::builder()
             .method(method)
             .uri(uri)
-            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_TYPE, content_type)
             .body(axum::body::Body::from(body.to_owned()))
             .unwrap();
         let response = app.oneshot(request).await.unwrap();
@@ -423,6 +457,8 @@ mod tests {
                 token: None,
                 announced: false,
                 proof: None,
+                lease_ms: None,
+                released: None,
             }
         );
     }
@@ -558,6 +594,99 @@ mod tests {
             answer.json()["type"],
             "https://palisade.invalid/problems/node-stopped"
         );
+    }
+
+    /// Goal: a node without leases answers 409 leases-off, and one with leases refuses
+    /// a proxy it does not announce to with 403 unknown-proxy; neither reaches the loop.
+    /// Method: post a lease request to both kinds of node; check the inbox stayed empty.
+    #[tokio::test]
+    async fn lease_refusals_before_the_loop() {
+        let mut off = TestNode::new(false);
+        let body = r#"{"proxy":"http://127.0.0.1:9001"}"#;
+        let answer = call(off.app(), "POST", "/v1/lease", body).await;
+        assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.body);
+        assert_eq!(answer.content_type, PROBLEM_JSON);
+        let problem: Problem = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(problem.kind(), "leases-off");
+        assert!(off.inbox.as_mut().unwrap().try_recv().is_err());
+
+        let mut on = TestNode::new(false);
+        on.lease_proxy = Some("http://127.0.0.1:9001/".to_owned());
+        let other = r#"{"proxy":"http://127.0.0.1:9002"}"#;
+        let answer = call(on.app(), "POST", "/v1/lease", other).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{}", answer.body);
+        let problem: Problem = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(problem.kind(), "unknown-proxy");
+        assert!(problem.detail.contains("9002"), "{}", problem.detail);
+        assert!(on.inbox.as_mut().unwrap().try_recv().is_err());
+    }
+
+    /// Goal: hostile lease bodies are refused before the loop: a huge body 413, unknown
+    /// fields 422, a wrong content type 415, not JSON 400.
+    /// Method: post each to a node with leases; check statuses and the empty inbox.
+    #[tokio::test]
+    async fn hostile_lease_bodies_are_problems() {
+        let mut node = TestNode::new(false);
+        node.lease_proxy = Some("http://127.0.0.1:9001".to_owned());
+        let huge = format!(r#"{{"proxy":"{}"}}"#, "a".repeat(API_BODY_BYTES_MAX + 1));
+        let json = "application/json";
+        let cases = [
+            (json, huge.as_str(), StatusCode::PAYLOAD_TOO_LARGE),
+            (
+                json,
+                r#"{"proxy":"http://127.0.0.1:9001","term":9}"#,
+                StatusCode::UNPROCESSABLE_ENTITY,
+            ),
+            (
+                "text/plain",
+                r#"{"proxy":"http://127.0.0.1:9001"}"#,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ),
+            (json, "{proxy:", StatusCode::BAD_REQUEST),
+        ];
+        for (content_type, body, status) in cases {
+            let answer = call_as(node.app(), "POST", "/v1/lease", content_type, body).await;
+            assert_eq!(answer.status, status, "{content_type} {}", answer.body);
+            assert_eq!(answer.content_type, PROBLEM_JSON);
+            assert!(node.inbox.as_mut().unwrap().try_recv().is_err());
+        }
+    }
+
+    /// Goal: a flood of lease requests is bounded: once `LEASE_PENDING_MAX` wait for the
+    /// loop, one more is answered 503 lease-busy at once.
+    /// Method: a loop that never answers; start the cap's worth of requests, wait until
+    /// every permit is taken, then send one more.
+    #[tokio::test]
+    async fn lease_flood_is_answered_busy_at_the_cap() {
+        let mut node = TestNode::new(false);
+        node.lease_proxy = Some("http://127.0.0.1:9001".to_owned());
+        let app = node.app();
+        let permits = node.lease_permits.clone().unwrap();
+        let body = r#"{"proxy":"http://127.0.0.1:9001"}"#;
+        let mut waiting = Vec::new();
+        for _ in 0..crate::lease::LEASE_PENDING_MAX {
+            waiting.push(tokio::spawn(call(app.clone(), "POST", "/v1/lease", body)));
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while permits.available_permits() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the requests did not take every permit"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let answer = call(app, "POST", "/v1/lease", body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{}",
+            answer.body
+        );
+        let problem: Problem = serde_json::from_str(&answer.body).unwrap();
+        assert_eq!(problem.kind(), crate::lease::LEASE_BUSY);
+        for task in waiting {
+            task.abort();
+        }
     }
 
     /// Goal: each transfer error maps to its status and kind, and names the leader to

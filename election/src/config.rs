@@ -29,6 +29,29 @@ pub const ANNOUNCE_URLS_MAX: usize = 64;
 /// this node's is refused. A healthy cluster moves a few terms per failure, so 1,000 is
 /// years of churn, while one forged term cannot drag the cluster (and the fence) far ahead.
 pub const MAX_TERM_GAP_DEFAULT: u64 = 1_000;
+/// Default of `lease_drift_ppm`: 1% (10,000 parts per million). Quartz and the kernel's
+/// monotonic clock drift by tens of ppm; 1% leaves two orders of magnitude of margin
+/// for virtual machines whose clocks are slewed or stepped in rate.
+pub const LEASE_DRIFT_PPM_DEFAULT: u64 = 10_000;
+/// Upper bound (exclusive) of `lease_drift_ppm`: a clock-rate error of 100% would mean a
+/// clock that may stand still, and no wait would bound a lease measured on it.
+pub const LEASE_DRIFT_PPM_LIMIT: u64 = 1_000_000;
+/// Default of `lease_write_bound_ms`: the time from a proxy's last lease check to the
+/// storage applying the write it admitted. Half a second covers a loaded loopback or LAN
+/// hop; a proxy logs and counts every write that overran it.
+pub const LEASE_WRITE_BOUND_MS_DEFAULT: u64 = 500;
+/// Upper bound of `lease_ms` and `lease_write_bound_ms`: a new leader with a dead proxy
+/// waits about their sum before releasing its token, and more than ten minutes of
+/// write unavailability per failover is certainly a mistake.
+pub const LEASE_MS_MAX: u64 = 600_000;
+/// Lower bound of `lease_ms` in milliseconds, whatever the heartbeat.
+pub const LEASE_MS_MIN: u64 = 50;
+/// Lower bound of `lease_ms` in heartbeat intervals (`heartbeat_ticks * tick_ms`). A
+/// proxy renews every third of its lease, and a renewal costs the leader one heartbeat
+/// round to a quorum; a lease shorter than three heartbeat intervals would leave a
+/// renewal less than one heartbeat interval to be answered, so leases would lapse on an
+/// ordinary delayed heartbeat and writes would turn to 503 on a healthy cluster.
+pub const LEASE_HEARTBEATS_MIN: u64 = 3;
 
 /// The configuration of one node. Every field has a default except `id`, `peers` and
 /// `data_dir`, which [`NodeConfig::validate`] requires.
@@ -82,6 +105,16 @@ pub struct NodeConfig {
     /// A peer message whose term is more than this many terms above this node's is
     /// refused (at least 1).
     pub max_term_gap: u64,
+    /// Fleet leases (`--lease-ms`): how long a lease granted on `POST /v1/lease` holds,
+    /// counted by the proxy from when it sent the request. 0 (the default): this node
+    /// grants no leases and releases each token at establishment, as without a fleet.
+    pub lease_ms: u64,
+    /// The bound on clock-rate difference between a proxy and this node, in parts per
+    /// million (`--lease-drift-ppm`); below [`LEASE_DRIFT_PPM_LIMIT`].
+    pub lease_drift_ppm: u64,
+    /// The bound on the time from a proxy's last lease check to the storage applying the
+    /// write (`--lease-write-bound-ms`).
+    pub lease_write_bound_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -105,6 +138,9 @@ impl Default for NodeConfig {
             token_key: None,
             announce_token_file: None,
             max_term_gap: MAX_TERM_GAP_DEFAULT,
+            lease_ms: 0,
+            lease_drift_ppm: LEASE_DRIFT_PPM_DEFAULT,
+            lease_write_bound_ms: LEASE_WRITE_BOUND_MS_DEFAULT,
         }
     }
 }
@@ -246,10 +282,72 @@ impl NodeConfig {
                 return Err(ConfigError::new(field, "is an empty path"));
             }
         }
+        self.check_leases()?;
         self.check_plaintext()?;
         self.raft_config()
             .validate()
             .map_err(|e| ConfigError::new(raft_error_field(&e), e.to_string()))
+    }
+
+    /// The lease settings: only checked when leases are on (`lease_ms` > 0).
+    fn check_leases(&self) -> Result<(), ConfigError> {
+        if self.lease_ms == 0 {
+            return Ok(());
+        }
+        let heartbeat_ms = self.heartbeat_ticks.saturating_mul(self.tick_ms);
+        let floor = LEASE_MS_MIN.max(LEASE_HEARTBEATS_MIN.saturating_mul(heartbeat_ms));
+        if !(floor..=LEASE_MS_MAX).contains(&self.lease_ms) {
+            return Err(ConfigError::new(
+                "lease_ms",
+                format!(
+                    "{} is outside [{floor}, {LEASE_MS_MAX}] (the floor is the larger of \
+                     {LEASE_MS_MIN} ms and {LEASE_HEARTBEATS_MIN} heartbeat intervals of \
+                     {heartbeat_ms} ms); 0 turns leases off",
+                    self.lease_ms
+                ),
+            ));
+        }
+        if self.lease_drift_ppm >= LEASE_DRIFT_PPM_LIMIT {
+            return Err(ConfigError::new(
+                "lease_drift_ppm",
+                format!(
+                    "{} must be below {LEASE_DRIFT_PPM_LIMIT}",
+                    self.lease_drift_ppm
+                ),
+            ));
+        }
+        if self.lease_write_bound_ms > LEASE_MS_MAX {
+            return Err(ConfigError::new(
+                "lease_write_bound_ms",
+                format!(
+                    "{} is over the limit of {LEASE_MS_MAX}",
+                    self.lease_write_bound_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether this node grants leases and holds new tokens back until they are safe.
+    pub fn leases_on(&self) -> bool {
+        self.lease_ms > 0
+    }
+
+    /// How long a new leader holds its token back at most when leases are on:
+    /// `lease_ms * (1 + lease_drift_ppm / 1e6) + lease_write_bound_ms`, rounded up to the
+    /// millisecond. Every lease granted in an older term was requested before this leader
+    /// was established, so on this node's clock it has certainly expired after this long,
+    /// and a write admitted under it has reached the storage. `None` when leases are off.
+    pub fn lease_release_wait(&self) -> Option<std::time::Duration> {
+        if !self.leases_on() {
+            return None;
+        }
+        let scaled = u128::from(self.lease_ms) * u128::from(1_000_000 + self.lease_drift_ppm);
+        let lease = scaled.div_ceil(1_000_000);
+        let total = lease + u128::from(self.lease_write_bound_ms);
+        Some(std::time::Duration::from_millis(
+            u64::try_from(total).unwrap_or(u64::MAX),
+        ))
     }
 
     /// Without TLS and without `insecure`, the API and every peer address must be loopback
@@ -417,6 +515,22 @@ mod tests {
                 "announce_token_file",
                 Box::new(|c| c.announce_token_file = Some(PathBuf::new())),
             ),
+            ("lease_ms", Box::new(|c| c.lease_ms = 299)),
+            ("lease_ms", Box::new(|c| c.lease_ms = LEASE_MS_MAX + 1)),
+            (
+                "lease_drift_ppm",
+                Box::new(|c| {
+                    c.lease_ms = 1_000;
+                    c.lease_drift_ppm = LEASE_DRIFT_PPM_LIMIT;
+                }),
+            ),
+            (
+                "lease_write_bound_ms",
+                Box::new(|c| {
+                    c.lease_ms = 1_000;
+                    c.lease_write_bound_ms = LEASE_MS_MAX + 1;
+                }),
+            ),
         ];
         for (field, breaker) in cases {
             let mut cfg = valid();
@@ -424,6 +538,33 @@ mod tests {
             let err = cfg.validate().unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
+    }
+
+    /// Goal: leases are off by default and then ignore their other settings; on, the
+    /// release wait is lease * (1 + drift) + write bound, rounded up.
+    /// Method: validate the default with absurd drift; compute waits for two settings.
+    #[test]
+    fn lease_settings_and_release_wait() {
+        let mut cfg = valid();
+        cfg.lease_drift_ppm = u64::MAX;
+        cfg.validate().unwrap();
+        assert_eq!(cfg.lease_release_wait(), None);
+        cfg.lease_drift_ppm = LEASE_DRIFT_PPM_DEFAULT;
+        cfg.lease_ms = 2_000;
+        cfg.validate().unwrap();
+        assert_eq!(
+            cfg.lease_release_wait(),
+            Some(std::time::Duration::from_millis(2_000 + 20 + 500))
+        );
+        cfg.lease_ms = 300;
+        cfg.lease_drift_ppm = 1;
+        cfg.lease_write_bound_ms = 0;
+        cfg.validate().unwrap();
+        assert_eq!(
+            cfg.lease_release_wait(),
+            Some(std::time::Duration::from_millis(301)),
+            "a fraction of a millisecond rounds up"
+        );
     }
 
     /// Goal: plaintext is refused off loopback, naming the address, and allowed with TLS

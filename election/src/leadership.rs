@@ -17,13 +17,50 @@ pub(crate) fn role_of(state: raft::StateRole) -> Role {
     }
 }
 
+/// Why a leader's token was released (made available to write with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum ReleasedBy {
+    /// Leases are off: the token is released the moment the leader is established.
+    Establishment,
+    /// Every `--announce` proxy accepted the new term (at once when none is configured).
+    Announce,
+    /// The release wait passed (`lease_ms * (1 + drift) + write bound` since
+    /// establishment, on this node's monotonic clock) before every proxy accepted it.
+    LeaseExpiry,
+}
+
+impl ReleasedBy {
+    /// The name used in logs (`by`) and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Establishment => "establishment",
+            Self::Announce => "announce",
+            Self::LeaseExpiry => "lease-expiry",
+        }
+    }
+}
+
+impl std::fmt::Display for ReleasedBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One node's view of leadership.
 ///
 /// Invariants (kept by the election loop, the only writer):
-/// - `token` is `Some(term)` only while this node is the leader of `term`, has applied an
-///   entry of `term` (it is *established*), and is not transferring leadership;
-/// - `announced` is true only while `token` is `Some`, and only once every configured proxy
-///   accepted the token (at once when none is configured);
+/// - `established` is `Some(term)` only while this node is the leader of `term`, has
+///   applied an entry of `term`, and is not transferring leadership;
+/// - `token` is `Some(term)` only while `established` is `Some(term)`, and only once the
+///   token is released (`released_by`): at establishment when leases are off; with
+///   leases on (`lease_ms` > 0), once every configured proxy accepted the term or once the
+///   release wait passed since establishment, whichever is first. Without leases `token`
+///   and `established` are always equal;
+/// - `released_by` is `Some` exactly while `token` is `Some`;
+/// - `announced` is true only while `established` is `Some`, and only once every
+///   configured proxy accepted that term (at once when none is configured);
 /// - `proof` is `Some` exactly while `token` is `Some` and a signing key is configured, and
 ///   then signs that token for this node's scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,13 +71,21 @@ pub struct Leadership {
     pub leader_id: Option<u64>,
     /// This node's role.
     pub role: Role,
-    /// The fencing token this node may use: its term while it is the established leader.
+    /// The fencing token this node may use: its term while it is the established leader
+    /// and the token is released.
     pub token: Option<u64>,
-    /// Whether every configured proxy accepted `token`.
+    /// Whether every configured proxy accepted the established term.
     pub announced: bool,
     /// The proof of `token`: the cluster key's signature over
     /// `palisade_protocol::proof::proof_message(scope, token)`.
     pub proof: Option<TokenProof>,
+    /// The term this node is the established leader of, released or not: what the
+    /// announcer announces.
+    #[serde(default)]
+    pub established: Option<u64>,
+    /// Why `token` was released; `None` while it is not.
+    #[serde(default)]
+    pub released_by: Option<ReleasedBy>,
 }
 
 impl Default for Leadership {
@@ -52,6 +97,8 @@ impl Default for Leadership {
             token: None,
             announced: false,
             proof: None,
+            established: None,
+            released_by: None,
         }
     }
 }

@@ -6,7 +6,9 @@
 //! *established*: it has applied an entry of its own term, so it knows everything earlier
 //! leaders committed. It loses the token the moment it steps down or starts handing
 //! leadership over. With `announce` URLs configured, a new token is pushed to every proxy
-//! (`POST /v1/fences/<scope>`) so the previous leader is fenced out at once.
+//! (`POST /v1/fences/<scope>`) so the previous leader is fenced out at once. With fleet
+//! leases (`lease_ms` > 0) the node grants leases to those proxies and holds a new token
+//! back until every proxy accepted it or every older lease has certainly expired.
 //!
 //! Embedding:
 //!
@@ -43,7 +45,11 @@
 //! - `token_source`: [`NodeHandleSource`], a `palisade_client::TokenSource` over an
 //!   in-process node's leadership watch.
 //! - `api`: the HTTP API on axum (`/v1/leader` with long poll, `/v1/transfer`,
-//!   `/v1/resign`, `/metrics`, `/healthz`, and the test-fault route when enabled).
+//!   `/v1/resign`, `/v1/lease`, `/metrics`, `/healthz`, and the test-fault route when
+//!   enabled).
+//! - `lease`: the `/v1/lease` handler: fleet leases for the `--announce` proxies, each
+//!   granted after a quorum confirmed this node's leadership (the election loop's side,
+//!   batching requests into `ReadIndex` rounds, is in `node`).
 //! - `metrics`: the node's own Prometheus recorder and metric handles.
 #![deny(missing_docs)]
 
@@ -51,6 +57,7 @@ mod announce;
 mod api;
 mod config;
 mod leadership;
+mod lease;
 mod metrics;
 mod node;
 mod tls;
@@ -65,13 +72,15 @@ pub use api::{
 };
 pub use config::{
     ConfigError, ELECTION_TICKS_DEFAULT, ELECTION_TICKS_MAX, HEARTBEAT_TICKS_DEFAULT,
-    MAX_TERM_GAP_DEFAULT, NodeConfig, NodeTls, PEERS_MAX, TICK_MS_DEFAULT, TICK_MS_MAX,
-    TICK_MS_MIN, split_host_port,
+    LEASE_DRIFT_PPM_DEFAULT, LEASE_DRIFT_PPM_LIMIT, LEASE_HEARTBEATS_MIN, LEASE_MS_MAX,
+    LEASE_MS_MIN, LEASE_WRITE_BOUND_MS_DEFAULT, MAX_TERM_GAP_DEFAULT, NodeConfig, NodeTls,
+    PEERS_MAX, TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, split_host_port,
 };
-pub use leadership::{Leadership, TOKEN_PROOF_BYTES, TokenProof};
+pub use leadership::{Leadership, ReleasedBy, TOKEN_PROOF_BYTES, TokenProof};
+pub use lease::{LEASE_BUSY, LEASE_PENDING_MAX, LEASE_TIMEOUT, LEASE_WAIT_TIMEOUT_MS};
 pub use node::{
-    INBOX_MAX, KEY_FILE_BYTES_MAX, Node, NodeError, NodeHandle, StartError, TERM_ACCEPTED_MAX,
-    TRANSFER_TIMEOUT_ELECTIONS, TransferError,
+    INBOX_MAX, KEY_FILE_BYTES_MAX, LEASE_ROUND_TIMEOUT_MS, LeaseError, Node, NodeError, NodeHandle,
+    StartError, TERM_ACCEPTED_MAX, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
 };
 /// The wire types of the node API, defined once in `palisade_protocol` and re-exported
 /// here so embedders need not name that crate.

@@ -28,6 +28,20 @@ pub(crate) struct NodeMetrics {
     pub peer_dropped: Counter,
     /// `palisade_node_announce_failures_total`: failed announcement attempts.
     pub announce_failures: Counter,
+    /// `palisade_node_token_releases_total{by="announce"}`: tokens released (leases on)
+    /// because every proxy accepted the term.
+    pub released_by_announce: Counter,
+    /// `palisade_node_token_releases_total{by="lease-expiry"}`: tokens released (leases
+    /// on) because the release wait passed first.
+    pub released_by_lease_expiry: Counter,
+    /// `palisade_node_lease_rounds_total`: `ReadIndex` rounds started for lease requests
+    /// (one per batch of concurrent requests).
+    pub lease_rounds: Counter,
+    /// `palisade_node_lease_grants_total`: leases granted.
+    pub lease_grants: Counter,
+    /// `palisade_node_lease_pending`: lease requests the election loop holds (in the
+    /// round in flight or waiting for the next).
+    pub lease_pending: Gauge,
     /// The node's own recorder, to register the per-reason counters of dropped incoming
     /// messages when a reason first occurs.
     recorder: Arc<PrometheusRecorder>,
@@ -74,7 +88,45 @@ impl NodeMetrics {
                 Unit::Count,
                 "Failed attempts to announce a token to a proxy."
             );
+            metrics::describe_counter!(
+                "palisade_node_token_releases_total",
+                Unit::Count,
+                "Tokens released with fleet leases on, by cause: announce (every proxy \
+                 accepted the term) or lease-expiry (the release wait passed first)."
+            );
+            metrics::describe_counter!(
+                "palisade_node_lease_rounds_total",
+                Unit::Count,
+                "ReadIndex rounds started to answer lease requests; concurrent requests \
+                 share one round."
+            );
+            metrics::describe_counter!(
+                "palisade_node_lease_grants_total",
+                Unit::Count,
+                "Fleet leases granted."
+            );
+            metrics::describe_counter!(
+                "palisade_node_lease_refusals_total",
+                Unit::Count,
+                "Lease requests refused, by reason (the problem kind)."
+            );
+            metrics::describe_gauge!(
+                "palisade_node_lease_pending",
+                "Lease requests waiting for a quorum round in the election loop."
+            );
+            let release = |by: &'static str| {
+                metrics::counter!(
+                    "palisade_node_token_releases_total",
+                    "node_id" => node_id.to_string(),
+                    "by" => by
+                )
+            };
             Self {
+                released_by_announce: release("announce"),
+                released_by_lease_expiry: release("lease-expiry"),
+                lease_rounds: metrics::counter!("palisade_node_lease_rounds_total", &labels),
+                lease_grants: metrics::counter!("palisade_node_lease_grants_total", &labels),
+                lease_pending: metrics::gauge!("palisade_node_lease_pending", &labels),
                 term: metrics::gauge!("palisade_node_term", &labels),
                 is_leader: metrics::gauge!("palisade_node_is_leader", &labels),
                 token: metrics::gauge!("palisade_node_token", &labels),
@@ -102,6 +154,18 @@ impl NodeMetrics {
         metrics::with_local_recorder(&*self.recorder, || {
             metrics::counter!(
                 "palisade_node_peer_messages_dropped_total",
+                "node_id" => self.node_id.clone(),
+                "reason" => reason
+            )
+            .increment(1);
+        });
+    }
+
+    /// Counts one lease request refused for `reason` (its problem kind).
+    pub(crate) fn lease_refused(&self, reason: &'static str) {
+        metrics::with_local_recorder(&*self.recorder, || {
+            metrics::counter!(
+                "palisade_node_lease_refusals_total",
                 "node_id" => self.node_id.clone(),
                 "reason" => reason
             )

@@ -96,6 +96,8 @@ mod tests {
             token,
             announced: token.is_some(),
             proof: None,
+            established: token,
+            released_by: token.map(|_| crate::leadership::ReleasedBy::Establishment),
         }
     }
 

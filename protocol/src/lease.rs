@@ -3,7 +3,7 @@
 //!
 //! A proxy sends `POST /v1/lease` with a [`LeaseRequest`] to the cluster's leader. The
 //! leader answers with a [`LeaseGrant`] only after it has confirmed, with a quorum and
-//! after the request arrived, that it still leads (as a raft ReadIndex does). The proxy
+//! after the request arrived, that it still leads (as a raft `ReadIndex` does). The proxy
 //! measures the lease on its own monotonic clock **from when it sent the request**, so a
 //! slow answer only shortens the lease. While the lease holds, the grant's `term` is
 //! current: an equal token is admitted from memory, a lower one is stale, a higher one

@@ -74,6 +74,13 @@ pub struct LeaderView {
     /// holds the cluster's signing key. Clients send it as `Fencing-Token-Proof`.
     #[serde(default)]
     pub proof: Option<String>,
+    /// The lease duration this node grants (`--lease-ms`); absent when it grants none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
+    /// With leases on: whether this node's established term is released as `token`
+    /// (every proxy accepted it, or the release wait passed). Absent with leases off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<bool>,
 }
 
 /// The query of a long poll on `GET /v1/leader`: answer once the term exceeds

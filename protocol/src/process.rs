@@ -28,6 +28,10 @@ pub mod events {
     pub const LEADER_ESTABLISHED: &str = "leader-established";
     /// Every configured proxy accepted the token.
     pub const TOKEN_ANNOUNCED: &str = "token-announced";
+    /// A leader running with fleet leases released its token for writing; field `by`:
+    /// `announce` (every proxy accepted the term) or `lease-expiry` (the release wait
+    /// passed first).
+    pub const TOKEN_RELEASED: &str = "token-released";
     /// A proxy refused a write with a stale token.
     pub const STALE_REJECTED: &str = "stale-rejected";
     /// A proxy raised a fence.

@@ -252,6 +252,8 @@ mod tests {
             token,
             announced: token.is_some(),
             proof: None,
+            lease_ms: None,
+            released: None,
         }
     }
 

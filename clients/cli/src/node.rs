@@ -17,6 +17,9 @@
 //! token_key = "/etc/palisade/token.key"      # sign tokens: the leader view gains "proof"
 //! announce_token_file = "/etc/palisade/admin.token"  # bearer token for --announce proxies
 //! max_term_gap = 1000                         # refuse peer terms further ahead than this
+//! lease_ms = 0                                # fleet leases for --announce proxies (0: off)
+//! lease_drift_ppm = 10000                     # clock-rate bound for the release wait
+//! lease_write_bound_ms = 500                  # lease check to storage apply, at most
 //! insecure = false                            # plaintext off loopback (see below)
 //! # File-only knobs (leave them on):
 //! check_quorum = true
@@ -97,6 +100,19 @@ pub struct NodeArgs {
     /// [default: 1000].
     #[arg(long, env = "PALISADE_MAX_TERM_GAP", value_name = "N")]
     pub max_term_gap: Option<u64>,
+    /// Fleet leases: grant `--announce` proxies leases of MS milliseconds on
+    /// `POST /v1/lease`, and hold each new token back until every proxy accepted it or
+    /// MS * (1 + drift) + write bound passed [default: 0, leases off].
+    #[arg(long, env = "PALISADE_LEASE_MS", value_name = "MS")]
+    pub lease_ms: Option<u64>,
+    /// With --lease-ms: the bound on clock-rate difference between proxies and nodes, in
+    /// parts per million [default: 10000, i.e. 1%].
+    #[arg(long, env = "PALISADE_LEASE_DRIFT_PPM", value_name = "PPM")]
+    pub lease_drift_ppm: Option<u64>,
+    /// With --lease-ms: the bound on the time from a proxy's last lease check to the
+    /// storage applying the write [default: 500].
+    #[arg(long, env = "PALISADE_LEASE_WRITE_BOUND_MS", value_name = "MS")]
+    pub lease_write_bound_ms: Option<u64>,
     /// This node's certificate (PEM), issued by the cluster CA and naming `node-<id>`:
     /// mutual TLS on the peer links, HTTPS on the API. Needs --key and --ca.
     #[arg(long, env = "PALISADE_CERT", value_name = "FILE")]
@@ -188,6 +204,12 @@ struct FileConfig {
     announce_token_file: Option<PathBuf>,
     /// `--max-term-gap`.
     max_term_gap: Option<u64>,
+    /// `--lease-ms`.
+    lease_ms: Option<u64>,
+    /// `--lease-drift-ppm`.
+    lease_drift_ppm: Option<u64>,
+    /// `--lease-write-bound-ms`.
+    lease_write_bound_ms: Option<u64>,
     /// `--insecure`.
     insecure: Option<bool>,
     /// `--cert`, `--key`, `--ca`, as a table.
@@ -353,6 +375,15 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
             .max_term_gap
             .or(file.max_term_gap)
             .unwrap_or(defaults.max_term_gap),
+        lease_ms: args.lease_ms.or(file.lease_ms).unwrap_or(defaults.lease_ms),
+        lease_drift_ppm: args
+            .lease_drift_ppm
+            .or(file.lease_drift_ppm)
+            .unwrap_or(defaults.lease_drift_ppm),
+        lease_write_bound_ms: args
+            .lease_write_bound_ms
+            .or(file.lease_write_bound_ms)
+            .unwrap_or(defaults.lease_write_bound_ms),
         tls,
         insecure: args.insecure || file.insecure.unwrap_or(false),
     };
@@ -489,6 +520,52 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.exit_code(), 2);
         assert!(err.to_string().contains("idd"), "{err}");
+    }
+
+    /// Goal: leases are off by default; the lease settings come from the file, flags
+    /// override them, and a bad value is a usage error naming its flag.
+    /// Method: defaults; a file with the three keys; a flag over it; a drift of 100%.
+    #[test]
+    fn lease_settings_come_from_file_and_flags() {
+        let c = build_config(args()).unwrap();
+        assert_eq!(
+            (c.lease_ms, c.lease_drift_ppm, c.lease_write_bound_ms),
+            (0, 10_000, 500)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(
+            &path,
+            "lease_ms = 2000
+lease_drift_ppm = 500
+lease_write_bound_ms = 250
+",
+        )
+        .unwrap();
+        let c = build_config(NodeArgs {
+            config: Some(path.clone()),
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(
+            (c.lease_ms, c.lease_drift_ppm, c.lease_write_bound_ms),
+            (2_000, 500, 250)
+        );
+        let c = build_config(NodeArgs {
+            config: Some(path),
+            lease_ms: Some(3_000),
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(c.lease_ms, 3_000);
+        let err = build_config(NodeArgs {
+            lease_ms: Some(1_000),
+            lease_drift_ppm: Some(1_000_000),
+            ..args()
+        })
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--lease-drift-ppm"), "{err}");
     }
 
     /// Goal: the trust settings come from the file, flags override them, and a zero term

@@ -134,6 +134,8 @@ async fn answer(
         token: v.token,
         announced: v.token.is_some(),
         proof: None,
+        lease_ms: None,
+        released: None,
     };
     let body = serde_json::to_vec(&body).unwrap();
     let mut response = Response::new(Full::new(Bytes::from(body)));

@@ -107,3 +107,25 @@ pub enum NodeError {
     #[error("election loop failed: {0}")]
     Loop(String),
 }
+
+/// Why a lease request was not granted by the election loop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// This node does not lead (or is handing leadership over, or lost leadership before
+    /// its `ReadIndex` round was confirmed); ask the leader it names.
+    #[error("this node is not the leader (leader: {leader_id:?})")]
+    NotLeader {
+        /// The leader this node knows, if any.
+        leader_id: Option<u64>,
+    },
+    /// The `ReadIndex` round was not confirmed by a quorum within the wait.
+    #[error("leadership was not confirmed by a quorum within {waited_ms} ms")]
+    TimedOut {
+        /// How long the request waited.
+        waited_ms: u64,
+    },
+    /// The node stopped before answering.
+    #[error("the node stopped")]
+    Stopped,
+}

@@ -142,8 +142,9 @@ impl DropCause {
 }
 
 /// Whether peers may send `t` to each other here. Local-only types never cross the
-/// network; this node never proposes or reads through raft, so forwarded proposals and
-/// read-index traffic are never legitimate either. `MsgTransferLeader` is forwarded by a
+/// network; this node never proposes through raft and reads (lease rounds) only as leader,
+/// which raft does with heartbeats, so forwarded proposals and read-index traffic are
+/// never legitimate either. `MsgTransferLeader` is forwarded by a
 /// follower asked to transfer, so it is allowed.
 fn peers_send(t: MessageType) -> bool {
     use MessageType::{

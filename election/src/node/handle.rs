@@ -9,7 +9,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{Msg, NodeError, SHUTDOWN_TASKS_TIMEOUT_MS, TransferError, Transferred};
+use super::{LeaseError, Msg, NodeError, SHUTDOWN_TASKS_TIMEOUT_MS, TransferError, Transferred};
 use crate::leadership::{Leadership, Role};
 use crate::metrics::NodeMetrics;
 
@@ -32,6 +32,16 @@ impl Commands {
             .await
             .map_err(|_| TransferError::Stopped)?;
         answer.await.map_err(|_| TransferError::Stopped)?
+    }
+
+    /// Asks the loop for a lease: the term a quorum confirmed after this call.
+    pub(crate) async fn lease(&self) -> Result<u64, LeaseError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Msg::Lease { reply })
+            .await
+            .map_err(|_| LeaseError::Stopped)?;
+        answer.await.map_err(|_| LeaseError::Stopped)?
     }
 
     pub(crate) async fn announced(&self, term: u64) {

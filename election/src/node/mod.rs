@@ -17,12 +17,15 @@
 //! - `transfer`: starting leadership transfers and answering them once decided.
 //! - `publish`: turning raft's state into the published [`Leadership`], signing each new
 //!   token's proof.
+//! - `lease`: lease requests batched into `ReadIndex` rounds, answered once a quorum
+//!   confirms this node's leadership.
 //! - `guard`: the last check of every peer message before `step` (defence in depth).
 //! - `signer`: loading `--token-key` and `--announce-token-file`, and signing proofs.
 
 mod error;
 mod guard;
 mod handle;
+mod lease;
 mod publish;
 mod ready;
 mod signer;
@@ -50,12 +53,14 @@ use crate::transport::faults::LinkFaults;
 use crate::transport::mem::MemNetwork;
 use crate::transport::{PeerInbox, Transport};
 use guard::Guard;
-use signer::TokenSigner;
+pub(crate) use signer::TokenSigner;
 
-pub use error::{NodeError, StartError, TransferError};
+pub use error::{LeaseError, NodeError, StartError, TransferError};
 pub use guard::TERM_ACCEPTED_MAX;
 pub(crate) use handle::Commands;
 pub use handle::NodeHandle;
+pub use lease::LEASE_ROUND_TIMEOUT_MS;
+pub(crate) use lease::LeaseReply;
 pub use palisade_protocol::Transferred;
 use ready::ElectionLoop;
 pub use signer::KEY_FILE_BYTES_MAX;
@@ -89,8 +94,10 @@ pub(crate) enum Msg {
         to: Option<u64>,
         reply: oneshot::Sender<Result<Transferred, TransferError>>,
     },
-    /// Every announce proxy accepted the token `term`.
+    /// Every announce proxy accepted the established term `term`.
     Announced { term: u64 },
+    /// A lease request: answer with the term a quorum confirmed after it arrived.
+    Lease { reply: LeaseReply },
 }
 
 /// Entry point for running a node.
@@ -169,7 +176,7 @@ async fn start(
     // Secrets are read before anything binds, so a bad file is a configuration error that
     // names it, and nothing runs without the key the operator asked for.
     let signer = match &config.token_key {
-        Some(path) => Some(TokenSigner::load(path, &config.scope)?),
+        Some(path) => Some(Arc::new(TokenSigner::load(path, &config.scope)?)),
         None => None,
     };
     let announce_bearer = match &config.announce_token_file {
@@ -239,6 +246,7 @@ async fn start(
                 scope: config.scope.clone(),
                 urls: config.announce.clone(),
                 bearer: announce_bearer,
+                signer: signer.clone(),
                 tls: announce_tls,
                 leadership: leadership_rx.clone(),
                 commands: commands.clone(),
@@ -272,6 +280,7 @@ async fn start(
                         leadership: leadership_rx.clone(),
                         commands: commands.clone(),
                         metrics: metrics.clone(),
+                        leases: crate::lease::LeaseApi::from_config(&config),
                         faults: faults.is_enabled().then(|| Arc::clone(&faults)),
                         shutdown: shutdown.clone(),
                     },
@@ -305,6 +314,9 @@ async fn start(
         },
         drop_log: guard::DropLog::default(),
         signer,
+        leases: lease::LeaseRounds::default(),
+        release_wait: config.lease_release_wait(),
+        established_at: None,
     };
     let main = tokio::spawn(
         election_loop
@@ -321,6 +333,7 @@ async fn start(
         tls = tls.is_some(),
         signed_tokens = has_key,
         max_term_gap = config.max_term_gap,
+        lease_ms = config.lease_ms,
         "node started"
     );
     Ok(NodeHandle {

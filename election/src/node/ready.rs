@@ -3,6 +3,7 @@
 //! `RawNode` (see [`ElectionLoop::on_ready`]), then publishes the leadership.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use protobuf::Message as _;
@@ -17,11 +18,12 @@ use palisade_protocol::process::events;
 use palisade_storage::{RaftLog, RaftLogError, ReadyWrite};
 
 use super::guard::{DropLog, Guard, LocalState};
+use super::lease::LeaseRounds;
 use super::signer::TokenSigner;
 use super::transfer::PendingTransfer;
 use super::{
-    INBOX_BATCH_MAX, LOG_COMPACT_STEP, LOG_ENTRIES_RETAINED, Msg, NodeError, READY_ROUNDS_MAX,
-    TransferError,
+    INBOX_BATCH_MAX, LOG_COMPACT_STEP, LOG_ENTRIES_RETAINED, LeaseError, Msg, NodeError,
+    READY_ROUNDS_MAX, TransferError,
 };
 use crate::leadership::{Leadership, Role};
 use crate::metrics::NodeMetrics;
@@ -59,7 +61,15 @@ pub(super) struct ElectionLoop {
     /// Rate limit of the guard's warnings.
     pub(super) drop_log: DropLog,
     /// Signs each new token's proof (`--token-key`); `None`: tokens carry no proof.
-    pub(super) signer: Option<TokenSigner>,
+    pub(super) signer: Option<Arc<TokenSigner>>,
+    /// Lease requests waiting for a `ReadIndex` round, and the round in flight.
+    pub(super) leases: LeaseRounds,
+    /// With leases on (`lease_ms` > 0): the longest a new token is held back after
+    /// establishment when not every proxy accepted it. `None`: leases off, tokens are
+    /// released at establishment.
+    pub(super) release_wait: Option<Duration>,
+    /// The term this node is established in and when (monotonic clock) it saw that.
+    pub(super) established_at: Option<(u64, tokio::time::Instant)>,
 }
 
 impl ElectionLoop {
@@ -75,6 +85,7 @@ impl ElectionLoop {
         tick.tick().await;
         self.publish();
         let outcome = loop {
+            let deadline = self.next_deadline();
             tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => break Ok(()),
@@ -83,6 +94,9 @@ impl ElectionLoop {
                     Some(msg) => self.on_msg(msg),
                     None => break Ok(()),
                 },
+                // Wakes the loop when a held-back token may be released or a lease round
+                // times out; both are then handled below.
+                () = sleep_until_opt(deadline) => {}
             }
             for _ in 0..INBOX_BATCH_MAX {
                 match self.inbox.try_recv() {
@@ -94,12 +108,22 @@ impl ElectionLoop {
             // takes the token away now, not after the Ready's fsync. Only the withdrawal is
             // published early: a new term is shown only once it is durable.
             self.withdraw_token_if_lost();
+            self.lease_cycle();
             if let Err(err) = self.on_ready().await {
                 error!(node_id = self.id, cause = %err, "election loop stopped");
                 break Err(err);
             }
             self.publish();
             self.check_transfers();
+            // A round confirmed in that Ready lets the next batch start now rather than at
+            // the next wake-up; its heartbeats go out in one more Ready.
+            if self.lease_cycle() {
+                if let Err(err) = self.on_ready().await {
+                    error!(node_id = self.id, cause = %err, "election loop stopped");
+                    break Err(err);
+                }
+                self.publish();
+            }
         };
         self.stop();
         outcome
@@ -147,6 +171,11 @@ impl ElectionLoop {
             //    do anything.
             let committed = ready.take_committed_entries();
             self.apply(committed).await?;
+
+            // 4a. Answer the lease rounds a quorum confirmed. Only after the write above:
+            //     a grant names this node's term, which is then durable.
+            let read_states = ready.take_read_states();
+            self.on_read_states(&read_states);
 
             // 5. Advance: raft learns that this Ready is persisted and returns a LightReady
             //    with what that made possible.
@@ -226,9 +255,11 @@ impl ElectionLoop {
                 }
             }
             Msg::Transfer { to, reply } => self.start_transfer(to, reply),
+            Msg::Lease { reply } => self.on_lease(reply),
             Msg::Announced { term } => {
+                // The term is released (when held back) by the next `publish`.
                 let announced = self.leadership.send_if_modified(|l| {
-                    if l.token == Some(term) && !l.announced {
+                    if l.established == Some(term) && !l.announced {
                         l.announced = true;
                         true
                     } else {
@@ -241,7 +272,7 @@ impl ElectionLoop {
                         event = events::TOKEN_ANNOUNCED,
                         term,
                         token = term,
-                        "token announced to every proxy"
+                        "term announced to every proxy"
                     );
                 }
             }
@@ -324,6 +355,17 @@ impl ElectionLoop {
         }
     }
 
+    /// The next moment the loop must wake without a tick or a message: a held-back
+    /// token's release, or a lease round's timeout.
+    fn next_deadline(&self) -> Option<tokio::time::Instant> {
+        let release = self.release_deadline();
+        let round = self.lease_round_deadline();
+        match (release, round) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// The leader raft knows, `None` for raft's 0.
     pub(super) fn leader_id(&self) -> Option<u64> {
         let id = self.raw_node.raft.leader_id;
@@ -334,15 +376,25 @@ impl ElectionLoop {
     fn stop(&mut self) {
         self.inbox.close();
         while let Ok(msg) = self.inbox.try_recv() {
-            if let Msg::Transfer { reply, .. } = msg {
-                let _ = reply.send(Err(TransferError::Stopped));
+            match msg {
+                Msg::Transfer { reply, .. } => {
+                    let _ = reply.send(Err(TransferError::Stopped));
+                }
+                Msg::Lease { reply } => {
+                    let _ = reply.send(Err(LeaseError::Stopped));
+                }
+                Msg::Raft(_) | Msg::Announced { .. } => {}
             }
         }
+        self.stop_leases();
+        self.established_at = None;
         for t in self.transfers.drain(..) {
             let _ = t.reply.send(Err(TransferError::Stopped));
         }
         self.leadership.send_modify(|l| {
             l.token = None;
+            l.established = None;
+            l.released_by = None;
             l.announced = false;
             l.proof = None;
             if l.role == Role::Leader {
@@ -353,6 +405,14 @@ impl ElectionLoop {
         self.metrics.is_leader.set(0.0);
         self.metrics.token.set(0.0);
         self.metrics.announced.set(0.0);
+    }
+}
+
+/// Sleeps until `deadline`, or for ever without one.
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }
 
