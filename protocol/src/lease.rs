@@ -27,6 +27,9 @@ pub const NOT_LEADER: &str = "not-leader";
 pub const UNKNOWN_PROXY: &str = "unknown-proxy";
 /// Problem kind: this cluster grants no leases (its nodes run without `--lease-ms`).
 pub const LEASES_OFF: &str = "leases-off";
+/// Problem kind, on a proxy's data path: the proxy holds no valid lease (it lapsed and a
+/// renewal failed or timed out), so it forwards no fenced write; retry after `Retry-After`.
+pub const LEASE_EXPIRED: &str = "lease-expired";
 
 /// `POST /v1/lease`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,4 +52,23 @@ pub struct LeaseGrant {
     /// How long the lease holds, in milliseconds, counted by the proxy from when it sent
     /// the request.
     pub lease_ms: u64,
+}
+
+/// A proxy's `GET /v1/lease` (admin API): the lease it holds now, and its renewal counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    /// The cluster's scope, from the last grant (absent before the first).
+    pub scope: Option<Scope>,
+    /// The term of the last grant (0 before the first).
+    pub term: u64,
+    /// The leader that granted it (absent before the first grant).
+    pub leader_id: Option<u64>,
+    /// Whether the lease holds now.
+    pub valid: bool,
+    /// Milliseconds until it lapses on the proxy's clock (0 when not valid).
+    pub expires_in_ms: u64,
+    /// Renewals granted since the proxy started.
+    pub renewals: u64,
+    /// Renewal rounds that failed since the proxy started (no node granted a lease).
+    pub failures: u64,
 }

@@ -40,6 +40,12 @@ pub mod events {
     pub const FENCE_RESET: &str = "fence-reset";
     /// A proxy refused a token whose proof was missing or invalid.
     pub const PROOF_REJECTED: &str = "proof-rejected";
+    /// A proxy in fleet mode could not renew its lease (no node granted it, or one
+    /// refused it), logged with the cause.
+    pub const LEASE_REFUSED: &str = "lease-refused";
+    /// A proxy in fleet mode saw a write complete after its lease expired plus the
+    /// configured write bound: the one window the lease does not cover.
+    pub const LEASE_OVERRUN: &str = "lease-overrun";
 }
 
 /// `palisade proxy listening on ADDR (admin ADDR)`.

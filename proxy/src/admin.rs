@@ -11,6 +11,8 @@
 //! - `POST /v1/fences/{scope}/reset` with [`ResetRequest`] -> [`ResetResponse`]: sets the
 //!   fence to any value, lower included, once the scope's writes in flight are done. The
 //!   admin token is required; without one configured resets are disabled (403).
+//! - `GET /v1/lease` -> [`LeaseView`]: fleet mode's lease (404 `leases-off` in
+//!   standalone mode).
 //! - `GET /metrics` (Prometheus text), `GET /healthz` -> [`Health`].
 //!
 //! Who may call what is decided by the [`crate::auth`] layer, except for an advance,
@@ -33,6 +35,7 @@ use palisade_protocol::admin::{
     FENCES_PATH, HEALTHZ_PATH, METRICS_PATH, RESET_REASON_BYTES_MAX, ResetRequest, ResetResponse,
 };
 use palisade_protocol::headers::PROMETHEUS_TEXT;
+use palisade_protocol::lease::{LEASE_PATH, LEASES_OFF, LeaseView};
 use palisade_protocol::process::events;
 use palisade_protocol::server::{ApiJson, ControlLimits, finish};
 use palisade_protocol::{
@@ -88,6 +91,7 @@ pub(crate) fn app(state: AdminState) -> Router {
         .route(FENCES_PATH, get(list))
         .route(ADVANCE_ROUTE, get(read).post(advance))
         .route(&format!("{ADVANCE_ROUTE}/reset"), post(reset))
+        .route(LEASE_PATH, get(lease))
         .route(METRICS_PATH, get(metrics))
         .route(HEALTHZ_PATH, get(health))
         .with_state(Arc::new(state));
@@ -270,6 +274,18 @@ fn scope_of(path: Result<Path<String>, PathRejection>) -> Result<Scope, ProxyErr
     Scope::new(name).map_err(|err| ProxyError::BadScope {
         reason: err.to_string(),
     })
+}
+
+/// `GET /v1/lease`.
+async fn lease(State(state): AdminRef) -> Result<ApiJson<LeaseView>, Problem> {
+    match state.fencer.lease() {
+        Some(lease) => Ok(ApiJson(lease.view())),
+        None => Err(Problem::new(
+            StatusCode::NOT_FOUND,
+            LEASES_OFF,
+            "this proxy is not in fleet mode (no cluster configured), so it holds no lease",
+        )),
+    }
 }
 
 /// `GET /metrics`.

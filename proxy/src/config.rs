@@ -31,6 +31,10 @@ pub const METHOD_OVERRIDE_HEADERS_DEFAULT: [&str; 3] = [
 pub const BODY_BUFFER_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
 /// Default of `limits.admin_connections_max`.
 pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 64;
+/// Default of `lease_write_bound_ms`: the same default as the nodes' `--lease-write-bound-ms`.
+pub const LEASE_WRITE_BOUND_MS_DEFAULT: u64 = 500;
+/// Default of `limits.lease_renew_timeout_ms`.
+pub const LEASE_RENEW_TIMEOUT_MS_DEFAULT: u64 = 1_000;
 /// Default of `limits.admin_header_read_timeout_ms`.
 pub const ADMIN_HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 2_000;
 
@@ -147,8 +151,38 @@ pub struct ProxyConfig {
     pub admin_token_file: Option<PathBuf>,
     /// Serve `/metrics` without the admin token.
     pub admin_metrics_public: bool,
+    /// Fleet mode: the API URLs (`http://` or `https://`) of the election nodes this proxy
+    /// follows. With any, the proxy holds a lease on the cluster's current term and admits
+    /// fenced requests of the cluster's scope only while it holds one; fenced requests of
+    /// any other scope are refused. Empty: standalone, every scope fenced locally.
+    pub cluster: Vec<String>,
+    /// How the nodes' `--announce` list names this proxy (its admin URL, exactly as
+    /// written there); sent with every lease renewal. Absent: `http://<admin address>`
+    /// (`https://` with `[admin_tls]`), with the bound port.
+    pub fleet_name: Option<String>,
+    /// TLS towards `https://` node APIs: the CA that issued their certificates and the
+    /// client certificate the nodes require. Absent: the platform's roots, no client
+    /// certificate.
+    pub cluster_tls: Option<ClusterTlsConfig>,
+    /// The nodes' `--lease-write-bound-ms`: how long after its last lease check a write
+    /// may take to complete. A write that completes later than its lease's expiry plus
+    /// this bound is logged (`lease-overrun`) and counted, in milliseconds.
+    pub lease_write_bound_ms: u64,
     /// Limits on everything the outside world can make the proxy hold.
     pub limits: Limits,
+}
+
+/// TLS towards the cluster's node APIs (fleet mode), from PEM files.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterTlsConfig {
+    /// CA certificates to trust for the nodes' `https://` APIs, instead of the
+    /// platform's roots alone.
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain presented to the nodes (needs `key`).
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key (needs `cert`).
+    pub key: Option<PathBuf>,
 }
 
 /// One route: requests whose normalised path starts with `prefix` belong to its scope.
@@ -277,6 +311,10 @@ pub struct Limits {
     pub object_bytes_max: u64,
     /// Concurrent HTTP/2 streams per client connection.
     pub h2_streams_max: u32,
+    /// Fleet mode: how long a write waits for a lease renewal (when the lease lapsed, or
+    /// its token is above the lease's term) before it is answered 503 `lease-expired`;
+    /// also the bound on each renewal request to one node, in milliseconds.
+    pub lease_renew_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -300,6 +338,7 @@ impl Default for Limits {
             scopes_max: palisade_storage::SCOPES_MAX_DEFAULT,
             object_bytes_max: palisade_storage::OBJECT_BYTES_MAX_DEFAULT,
             h2_streams_max: 256,
+            lease_renew_timeout_ms: LEASE_RENEW_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -332,6 +371,10 @@ impl Default for ProxyConfig {
             token_pub: Vec::new(),
             admin_token_file: None,
             admin_metrics_public: false,
+            cluster: Vec::new(),
+            fleet_name: None,
+            cluster_tls: None,
+            lease_write_bound_ms: LEASE_WRITE_BOUND_MS_DEFAULT,
             limits: Limits::default(),
         }
     }
@@ -493,7 +536,63 @@ impl ProxyConfig {
         if self.listen == self.admin_listen && self.listen.port() != 0 {
             return Err(invalid("admin_listen", "must differ from listen"));
         }
+        self.validate_fleet()?;
         self.limits.validate()
+    }
+
+    /// The fleet fields: node URLs, the fleet name, the cluster TLS files.
+    fn validate_fleet(&self) -> Result<(), ConfigError> {
+        for (i, url) in self.cluster.iter().enumerate() {
+            check_base_url(&format!("cluster[{i}]"), url)?;
+            if self.cluster[..i].contains(url) {
+                return Err(invalid(
+                    format!("cluster[{i}]"),
+                    format!("{url:?} appears twice"),
+                ));
+            }
+        }
+        if self.cluster.is_empty() {
+            if self.fleet_name.is_some() {
+                return Err(invalid(
+                    "fleet_name",
+                    "set, but cluster is empty (not in fleet mode)",
+                ));
+            }
+            if self.cluster_tls.is_some() {
+                return Err(invalid(
+                    "cluster_tls",
+                    "set, but cluster is empty (not in fleet mode)",
+                ));
+            }
+        }
+        if let Some(name) = &self.fleet_name {
+            check_base_url("fleet_name", name)?;
+        }
+        if let Some(tls) = &self.cluster_tls
+            && tls.cert.is_some() != tls.key.is_some()
+        {
+            return Err(invalid(
+                "cluster_tls.cert",
+                "cert and key go together: set both or neither",
+            ));
+        }
+        if self.lease_write_bound_ms == 0 {
+            return Err(invalid(
+                "lease_write_bound_ms",
+                "must be greater than 0 (a write always takes some time to complete)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The name this proxy gives itself in lease renewals: `fleet_name`, or its admin URL
+    /// from the bound admin address.
+    pub(crate) fn fleet_name_for(&self, admin: SocketAddr) -> String {
+        match &self.fleet_name {
+            Some(name) => name.trim_end_matches('/').to_owned(),
+            None if self.admin_tls.is_some() => format!("https://{admin}"),
+            None => format!("http://{admin}"),
+        }
     }
 
     /// The read methods, parsed. Call after [`validate`](Self::validate).
@@ -503,6 +602,26 @@ impl ProxyConfig {
             .filter_map(|m| http::Method::from_bytes(m.as_bytes()).ok())
             .collect()
     }
+}
+
+/// An `http://` or `https://` URL with a host and no query, or the error naming `field`.
+fn check_base_url(field: &str, url: &str) -> Result<(), ConfigError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| invalid(field, format!("{url:?} is not a URL: {e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(invalid(
+            field,
+            format!("{url:?} must start with http:// or https://"),
+        ));
+    }
+    if uri.authority().is_none() {
+        return Err(invalid(field, format!("{url:?} has no host")));
+    }
+    if uri.query().is_some() {
+        return Err(invalid(field, format!("{url:?} cannot have a query")));
+    }
+    Ok(())
 }
 
 impl Limits {
@@ -534,6 +653,7 @@ impl Limits {
             ("limits.scopes_max", self.scopes_max as u64),
             ("limits.object_bytes_max", self.object_bytes_max),
             ("limits.h2_streams_max", u64::from(self.h2_streams_max)),
+            ("limits.lease_renew_timeout_ms", self.lease_renew_timeout_ms),
         ];
         for (field, value) in positive {
             if value == 0 {
@@ -644,5 +764,53 @@ mod tests {
             ..ProxyConfig::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("upstream"));
+    }
+
+    /// Goal: the fleet fields are checked and their errors name the field: node URLs,
+    /// duplicates, fleet settings without a cluster, half a client certificate.
+    /// Method: validate configs with each mistake, then a good one and its fleet name.
+    #[test]
+    fn fleet_fields_name_their_field() {
+        let fleet = |f: fn(&mut ProxyConfig)| {
+            let mut c = ProxyConfig {
+                cluster: vec!["http://127.0.0.1:7001".into()],
+                ..ProxyConfig::default()
+            };
+            f(&mut c);
+            c.validate().err().map(|e| e.to_string())
+        };
+        assert_eq!(fleet(|_| {}), None);
+        let err = fleet(|c| c.cluster.push("ftp://x".into())).unwrap();
+        assert!(err.contains("cluster[1]"), "{err}");
+        let err = fleet(|c| c.cluster.push("http://127.0.0.1:7001".into())).unwrap();
+        assert!(err.contains("cluster[1]") && err.contains("twice"), "{err}");
+        let err = fleet(|c| c.fleet_name = Some("nope".into())).unwrap();
+        assert!(err.contains("fleet_name"), "{err}");
+        let err = fleet(|c| {
+            c.cluster_tls = Some(ClusterTlsConfig {
+                cert: Some("c.pem".into()),
+                ..ClusterTlsConfig::default()
+            });
+        })
+        .unwrap();
+        assert!(err.contains("cluster_tls.cert"), "{err}");
+        let err = fleet(|c| c.limits.lease_renew_timeout_ms = 0).unwrap();
+        assert!(err.contains("limits.lease_renew_timeout_ms"), "{err}");
+        let err = fleet(|c| c.lease_write_bound_ms = 0).unwrap();
+        assert!(err.contains("lease_write_bound_ms"), "{err}");
+        let standalone = ProxyConfig {
+            fleet_name: Some("http://p1".into()),
+            ..ProxyConfig::default()
+        };
+        let err = standalone.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("fleet_name") && err.contains("cluster is empty"),
+            "{err}"
+        );
+        let admin: SocketAddr = "127.0.0.1:9001".parse().unwrap();
+        assert_eq!(
+            ProxyConfig::default().fleet_name_for(admin),
+            "http://127.0.0.1:9001"
+        );
     }
 }

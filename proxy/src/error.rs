@@ -97,6 +97,41 @@ pub enum ProxyError {
         /// The scope's fence.
         current: u64,
     },
+    /// Fleet mode: a token above the term the cluster granted a lease for, just
+    /// confirmed by a renewal. The cluster has not issued it.
+    #[error(
+        "fencing token {presented} for scope {scope} is above the cluster's current term {current}: the cluster has not issued it"
+    )]
+    NotIssued {
+        /// The scope.
+        scope: String,
+        /// The token the request carried.
+        presented: u64,
+        /// The term the cluster's lease names (the scope's fence).
+        current: u64,
+    },
+    /// Fleet mode: a fenced request of a scope other than the cluster's. The fleet
+    /// follows one cluster, whose lease covers only its own scope.
+    #[error(
+        "scope {scope} is not fenced by this proxy's cluster, whose scope is {cluster_scope}: in fleet mode only the cluster's scope takes fenced requests"
+    )]
+    ForeignScope {
+        /// The scope.
+        scope: String,
+        /// The cluster's scope.
+        cluster_scope: String,
+    },
+    /// Fleet mode: no valid lease, and a renewal failed or did not finish in time.
+    /// Nothing was forwarded.
+    #[error("no valid lease for token {presented} of scope {scope}: {reason}")]
+    LeaseExpired {
+        /// The scope.
+        scope: String,
+        /// The token the request carried.
+        presented: u64,
+        /// Why there is no lease (the last renewal's failure, or the wait's limit).
+        reason: String,
+    },
     /// Lower-token writes were still in flight at the deadline.
     #[error(
         "fencing token {presented} for scope {scope} waited {waited_ms} ms for lower-token writes still in flight"
@@ -135,6 +170,16 @@ pub enum ProxyError {
         /// The configuration field that sets it.
         field: &'static str,
     },
+    /// The request head is over `limits.header_bytes_max`.
+    #[error(
+        "request head of {bytes} bytes is over the limit of {max} bytes (limits.header_bytes_max)"
+    )]
+    HeadTooLarge {
+        /// The head's size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The client did not send its body in time.
     #[error("request body not received within {timeout_ms} ms")]
     BodyTimeout {
@@ -170,16 +215,6 @@ pub enum ProxyError {
     /// The upstream could not be reached or broke the exchange.
     #[error("upstream error: {0}")]
     Upstream(String),
-    /// The request head is over `limits.header_bytes_max`.
-    #[error(
-        "request head of {bytes} bytes is over the limit of {max} bytes (limits.header_bytes_max)"
-    )]
-    HeadTooLarge {
-        /// The head's size.
-        bytes: usize,
-        /// The limit.
-        max: usize,
-    },
     /// The proxy's own storage failed; nothing was forwarded.
     #[error("storage error: {0}")]
     Storage(String),
@@ -201,7 +236,10 @@ impl ProxyError {
             | Self::NotTunnelled { .. }
             | Self::ScopesFull { .. }
             | Self::Stale { .. }
+            | Self::NotIssued { .. }
+            | Self::ForeignScope { .. }
             | Self::BodyTooLarge { .. }
+            | Self::HeadTooLarge { .. }
             | Self::BodyTimeout { .. }
             | Self::BodyRead(_)
             | Self::BadRequest(_)
@@ -210,6 +248,7 @@ impl ProxyError {
             Self::UpstreamTimeout { .. } | Self::Upstream(_) => Cause::Upstream,
             Self::BarrierTimeout { .. }
             | Self::ResetTimeout { .. }
+            | Self::LeaseExpired { .. }
             | Self::Storage(_)
             | Self::Unavailable(_) => Cause::Internal,
         }
@@ -225,12 +264,15 @@ impl ProxyError {
             | Self::BadPath { .. }
             | Self::BadRequest(_)
             | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
-            Self::Stale { .. } => StatusCode::CONFLICT,
+            Self::Stale { .. } | Self::NotIssued { .. } => StatusCode::CONFLICT,
+            Self::ForeignScope { .. } => StatusCode::FORBIDDEN,
             Self::ScopesFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
-            Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } | Self::Unavailable(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::BarrierTimeout { .. }
+            | Self::ResetTimeout { .. }
+            | Self::LeaseExpired { .. }
+            | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::NotTunnelled { .. } | Self::MethodNotAllowed { .. } => {
@@ -239,7 +281,6 @@ impl ProxyError {
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::Upstream(_) => StatusCode::BAD_GATEWAY,
             Self::Storage(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            | Self::HeadTooLarge { .. }
         }
     }
 
@@ -255,8 +296,12 @@ impl ProxyError {
             Self::NotTunnelled { .. } => "tunnel-refused",
             Self::ScopesFull { .. } => "scopes-full",
             Self::Stale { .. } => "stale-token",
+            Self::NotIssued { .. } => "token-not-issued",
+            Self::ForeignScope { .. } => "foreign-scope",
+            Self::LeaseExpired { .. } => palisade_protocol::lease::LEASE_EXPIRED,
             Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } => "barrier-timeout",
             Self::BodyTooLarge { .. } => "body-too-large",
+            Self::HeadTooLarge { .. } => "head-too-large",
             Self::BodyTimeout { .. } => "body-timeout",
             Self::BodyRead(_) => "body-read",
             Self::BadRequest(_) => "bad-request",
@@ -272,7 +317,6 @@ impl ProxyError {
     /// The error as problem+json: the one mapping from an error to its answer body.
     /// The kind is [`reason`](Self::reason), the detail the error's message, and the
     /// fencing errors add `scope`, `presented` and `current` (a proof error the first
-            Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
     /// two: the proxy does not tell an unproven client the fence).
     pub fn to_problem(&self) -> Problem {
         let mut problem = Problem::new(self.status(), self.reason(), self.to_string());
@@ -280,12 +324,20 @@ impl ProxyError {
             Self::MissingProof { scope, presented }
             | Self::InvalidProof {
                 scope, presented, ..
+            }
+            | Self::LeaseExpired {
+                scope, presented, ..
             } => {
                 problem.scope = Some(scope.clone());
                 problem.presented = Some(*presented);
                 problem
             }
             Self::Stale {
+                scope,
+                presented,
+                current,
+            }
+            | Self::NotIssued {
                 scope,
                 presented,
                 current,
@@ -301,7 +353,6 @@ impl ProxyError {
                 presented,
                 current,
                 ..
-            Self::HeadTooLarge { .. } => "head-too-large",
             } => problem.with_fence(scope, *presented, *current),
             _ => problem,
         }

@@ -32,6 +32,7 @@ use palisade_storage::{Advance, AdvanceError, FenceRegister};
 use tokio::sync::Notify;
 
 use crate::error::ProxyError;
+use crate::fleet::Lease;
 use crate::metrics as m;
 
 /// Admits fenced requests. Cheap to share behind an `Arc`.
@@ -41,6 +42,8 @@ pub(crate) struct Fencer {
     /// idle entries are removed so that unbounded scope names cannot grow memory.
     inflight: DashMap<String, Arc<ScopeInflight>>,
     barrier_timeout: Duration,
+    /// Fleet mode: the lease on the cluster's term, which fenced requests also need.
+    lease: Option<Arc<Lease>>,
 }
 
 /// The fenced requests of one scope that are admitted or waiting, by token.
@@ -123,11 +126,22 @@ impl Drop for ResetClaim {
 
 /// What admission decided for an admitted request.
 pub(crate) struct Admitted {
-    /// Held until the upstream has answered; only its `Drop` matters.
-    #[expect(dead_code, reason = "held for its Drop")]
+    /// Held until the upstream has answered; dropping it lets higher tokens pass.
     pub guard: InflightGuard,
     /// Whether this request raised the fence.
     pub raised: bool,
+    /// Fleet mode: when the write must have completed (its lease's expiry plus
+    /// `lease_write_bound_ms`). Checked when this drops, which is when the upstream has
+    /// answered and the body is done.
+    pub lease_deadline: Option<tokio::time::Instant>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some(deadline) = self.lease_deadline {
+            crate::fleet::check_overrun(deadline, &self.guard.scope, self.guard.token);
+        }
+    }
 }
 
 impl Fencer {
@@ -136,6 +150,38 @@ impl Fencer {
             register,
             inflight: DashMap::new(),
             barrier_timeout,
+            lease: None,
+        }
+    }
+
+    /// Fleet mode: fenced requests also need `lease` (see [`crate::fleet`]).
+    pub(crate) fn with_lease(mut self, lease: Arc<Lease>) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Scopes with something in flight or a reset under way.
+    #[cfg(test)]
+    pub(crate) fn busy_scopes(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// The fleet lease, in fleet mode.
+    pub(crate) fn lease(&self) -> Option<&Arc<Lease>> {
+        self.lease.as_ref()
+    }
+
+    /// Admits a fenced request from the data path: in fleet mode under the lease (see
+    /// [`crate::fleet`]), otherwise by [`admit`](Self::admit) alone. An admin advance
+    /// calls `admit` directly: a higher fence only refuses more, so it needs no lease.
+    pub(crate) async fn admit_request(
+        self: &Arc<Self>,
+        scope: &str,
+        token: u64,
+    ) -> Result<Admitted, ProxyError> {
+        match &self.lease {
+            Some(lease) => crate::fleet::admit(self, lease, scope, token).await,
+            None => self.admit(scope, token).await,
         }
     }
 
@@ -172,7 +218,11 @@ impl Fencer {
 
         // Phase 3: the barrier. Wait until no lower token of this scope is in flight.
         self.wait_for_lower(&guard, started, deadline).await?;
-        Ok(Admitted { guard, raised })
+        Ok(Admitted {
+            guard,
+            raised,
+            lease_deadline: None,
+        })
     }
 
     /// Sets the fence of `scope` to `token`, lower included, once none of the scope's

@@ -24,6 +24,8 @@
 //! - `proof`: the public keys, and the check of a token's proof (verified once per
 //!   scope, token and proof; then a comparison).
 //! - `fencing`: admission: the fence check and the per-scope in-flight barrier; resets.
+//! - `fleet`: fleet mode (`cluster`): the lease on the cluster's current term, its
+//!   renewal task, and admission under it.
 //! - `stream`: request bodies streamed after admission: size and idle limits, the
 //!   shared body buffer budget, and what a body shares with its forwarding task.
 //! - `upstream`: the pooled HTTP(S) client to the upstream: `Host`, `X-Forwarded-For`,
@@ -55,6 +57,7 @@ mod error;
 pub mod failpoints;
 mod fds;
 mod fencing;
+mod fleet;
 pub mod metrics;
 mod proof;
 mod routing;
@@ -75,12 +78,13 @@ use tokio::task::JoinSet;
 
 pub use auth::{ADMIN_TOKEN_FILE_BYTES_MAX, AuthError};
 pub use config::{
-    ADMIN_TOKEN_BYTES_MIN, AdminTlsConfig, ConfigError, Limits, ProxyConfig, Route, RouteClass,
-    TlsConfig, UpstreamHost,
+    ADMIN_TOKEN_BYTES_MIN, AdminTlsConfig, ClusterTlsConfig, ConfigError, Limits, ProxyConfig,
+    Route, RouteClass, TlsConfig, UpstreamHost,
 };
 pub use embedded::LIST_KEYS_MAX;
 pub use error::{Cause, ProxyError};
 pub use fds::{FD_RESERVE, FdLimitError};
+pub use fleet::{RENEW_INTERVAL_MS_MIN, RENEW_RETRY_MS_MAX, RENEW_RETRY_MS_MIN};
 pub use proof::{KEY_FILE_BYTES_MAX, PROOF_CACHE_SCOPES_MAX, ProofFault};
 pub use tls::TlsError;
 
@@ -220,10 +224,19 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     let listen = local(&client_listener, config.listen)?;
     let admin = local(&admin_listener, config.admin_listen)?;
 
-    let fencer = Arc::new(Fencer::new(
-        register,
-        Duration::from_millis(limits.barrier_timeout_ms),
-    ));
+    let mut fencer = Fencer::new(register, Duration::from_millis(limits.barrier_timeout_ms));
+    let fleet = match fleet_nodes(&config)? {
+        Some(nodes) => {
+            let lease = Arc::new(fleet::Lease::new(
+                Duration::from_millis(limits.lease_renew_timeout_ms),
+                Duration::from_millis(config.lease_write_bound_ms),
+            ));
+            fencer = fencer.with_lease(Arc::clone(&lease));
+            Some((lease, nodes))
+        }
+        None => None,
+    };
+    let fencer = Arc::new(fencer);
     let admin_state = AdminState {
         fencer: Arc::clone(&fencer),
         proofs: proofs.clone(),
@@ -249,6 +262,16 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         shutdown_rx.clone(),
         move |req, peer| service::handle(Arc::clone(&shared), req, peer),
     ));
+    let fleet_name = config.fleet_name_for(admin);
+    if let Some((lease, nodes)) = fleet {
+        let renewer = fleet::Renewer {
+            lease,
+            fencer: Arc::clone(&admin_state.fencer),
+            nodes,
+            name: fleet_name.clone(),
+        };
+        tasks.spawn(renewer.run(shutdown_rx.clone()));
+    }
     let mut admin_shutdown = shutdown_rx;
     tasks.spawn(palisade_protocol::server::serve_tls(
         admin_listener,
@@ -267,6 +290,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         admin_token = config.admin_token_file.is_some(),
         admin_tls = config.admin_tls.is_some(),
         admin_mtls = config.admin_tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        cluster = ?config.cluster, fleet_name = (!config.cluster.is_empty()).then_some(fleet_name.as_str()),
         "proxy started");
     Ok(ProxyHandle {
         listen,
@@ -275,4 +299,41 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         shutdown,
         tasks,
     })
+}
+
+/// Fleet mode: a client of each node's API, with the cluster TLS settings; `None` in
+/// standalone mode.
+fn fleet_nodes(config: &ProxyConfig) -> Result<Option<Vec<palisade_client::NodeApi>>, StartError> {
+    if config.cluster.is_empty() {
+        return Ok(None);
+    }
+    let invalid = |field: &str, err: palisade_client::ClientError| {
+        StartError::Config(ConfigError::Invalid {
+            field: field.to_owned(),
+            reason: err.to_string(),
+        })
+    };
+    let mut tls = palisade_client::ClientTls::new();
+    if let Some(cluster_tls) = &config.cluster_tls {
+        if let Some(ca) = &cluster_tls.ca {
+            tls = tls
+                .trust_pem_file(ca)
+                .map_err(|e| invalid("cluster_tls.ca", e))?;
+        }
+        if let (Some(cert), Some(key)) = (&cluster_tls.cert, &cluster_tls.key) {
+            tls = tls
+                .identity_pem_files(cert, key)
+                .map_err(|e| invalid("cluster_tls.cert", e))?;
+        }
+    }
+    config
+        .cluster
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            palisade_client::NodeApi::with_tls(url, &tls)
+                .map_err(|e| invalid(&format!("cluster[{i}]"), e))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }

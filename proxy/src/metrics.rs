@@ -38,6 +38,21 @@ pub const BODY_BUFFER_BYTES: &str = "palisade_proxy_body_buffer_bytes";
 /// Times a request body waited for room under `limits.body_buffer_bytes_max`.
 pub const BODY_BUFFER_WAITS: &str = "palisade_proxy_body_buffer_waits_total";
 
+/// Fleet mode: lease renewal rounds by `outcome`: `granted`, `failed` (no node granted
+/// one: not leader, unreachable, refused).
+pub const LEASE_RENEWALS: &str = "palisade_proxy_lease_renewals_total";
+/// Fleet mode: renewal answers a node refused, by `reason` (not-leader, unknown-proxy,
+/// leases-off, unreachable, error).
+pub const LEASE_REFUSALS: &str = "palisade_proxy_lease_refusals_total";
+/// Fleet mode: 1 while the proxy holds a valid lease, 0 otherwise (updated by the lease
+/// task at each renewal and when a lease lapses).
+pub const LEASE_VALID: &str = "palisade_proxy_lease_valid";
+/// Fleet mode: fenced requests refused because the proxy held no valid lease.
+pub const LEASE_EXPIRED_REFUSALS: &str = "palisade_proxy_lease_expired_refusals_total";
+/// Fleet mode: writes that completed after their lease's expiry plus
+/// `lease_write_bound_ms` (the window a lease cannot cover; see `lease-overrun` logs).
+pub const LEASE_OVERRUNS: &str = "palisade_proxy_lease_overruns_total";
+
 /// Upstream latency buckets, in seconds: 100 µs to 10 s.
 const UPSTREAM_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,

@@ -172,11 +172,12 @@ async fn run_phases(
         return Err(ProxyError::BodyTooLarge { max, field });
     }
 
-    // Phase: fence, from the head alone. The in-flight guard is held until the upstream
-    // has answered and the body is done with.
+    // Phase: fence, from the head alone (in fleet mode also under the lease, checked
+    // last). The in-flight guard is held until the upstream has answered and the body
+    // is done with.
     let admitted = match (ctx.fenced, ctx.token) {
         (true, Some(token)) => {
-            let admitted = shared.fencer.admit(&ctx.scope, token).await?;
+            let admitted = shared.fencer.admit_request(&ctx.scope, token).await?;
             ctx.raised = admitted.raised;
             Some(admitted)
         }

@@ -21,6 +21,8 @@
 //! - `election_process`: elections among `palisade node` processes: pauses, kills,
 //!   transfer, resign, long poll, configuration errors.
 //! - `election_announce`: a new leader fences the proxy without writing.
+//! - `fleet_proxy`: proxies in fleet mode (`--cluster`) under leases: the old term
+//!   refused at every proxy, 503 while the cluster is unreachable, unlisted proxies.
 //! - `client_rust`: the Rust client against a real proxy.
 //! - `client_embedded`: an in-process election node driving the Rust client.
 //! - `demo`: `palisade demo`, as a user runs it.
@@ -37,6 +39,7 @@ mod client_rust;
 mod demo;
 mod election_announce;
 mod election_process;
+mod fleet_proxy;
 mod proxy_connections;
 mod proxy_fencing;
 mod proxy_routing;

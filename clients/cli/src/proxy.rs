@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use palisade_protocol::process::ProxyReady;
-use palisade_proxy::{AdminTlsConfig, ProxyConfig, StartError, TlsConfig};
+use palisade_proxy::{AdminTlsConfig, ClusterTlsConfig, ProxyConfig, StartError, TlsConfig};
 
 use crate::Failure;
 
@@ -72,6 +72,43 @@ pub(crate) struct ProxyArgs {
     /// Serve /metrics without the admin token.
     #[arg(long, env = "PALISADE_ADMIN_METRICS_PUBLIC")]
     admin_metrics_public: bool,
+    /// Fleet mode: the API URLs of the election nodes to follow (comma-separated). The
+    /// proxy then admits fenced requests of the cluster's scope only under a lease on its
+    /// current term. Replaces the config file's list.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "PALISADE_CLUSTER",
+        value_delimiter = ','
+    )]
+    cluster: Vec<String>,
+    /// Fleet mode: this proxy's admin URL exactly as the nodes' --announce lists it
+    /// [default: http://<admin address>].
+    #[arg(long, value_name = "URL", env = "PALISADE_FLEET_NAME")]
+    fleet_name: Option<String>,
+    /// Fleet mode: PEM CA bundle to trust for https:// node APIs.
+    #[arg(long, value_name = "FILE", env = "PALISADE_CLUSTER_CA")]
+    cluster_ca: Option<PathBuf>,
+    /// Fleet mode: PEM client certificate for the node APIs (needs --cluster-key).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "PALISADE_CLUSTER_CERT",
+        requires = "cluster_key"
+    )]
+    cluster_cert: Option<PathBuf>,
+    /// Fleet mode: PEM private key of --cluster-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "PALISADE_CLUSTER_KEY",
+        requires = "cluster_cert"
+    )]
+    cluster_key: Option<PathBuf>,
+    /// Fleet mode: the nodes' --lease-write-bound-ms (writes completing later than their
+    /// lease plus this are logged as lease-overrun) [default: 500].
+    #[arg(long, value_name = "MS", env = "PALISADE_LEASE_WRITE_BOUND_MS")]
+    lease_write_bound_ms: Option<u64>,
 }
 
 impl ProxyArgs {
@@ -134,6 +171,27 @@ impl ProxyArgs {
         }
         if self.admin_metrics_public {
             config.admin_metrics_public = true;
+        }
+        if !self.cluster.is_empty() {
+            config.cluster = self.cluster;
+        }
+        if let Some(v) = self.fleet_name {
+            config.fleet_name = Some(v);
+        }
+        if self.cluster_ca.is_some() || self.cluster_cert.is_some() {
+            let tls = config
+                .cluster_tls
+                .get_or_insert_with(ClusterTlsConfig::default);
+            if let Some(ca) = self.cluster_ca {
+                tls.ca = Some(ca);
+            }
+            if let (Some(cert), Some(key)) = (self.cluster_cert, self.cluster_key) {
+                tls.cert = Some(cert);
+                tls.key = Some(key);
+            }
+        }
+        if let Some(v) = self.lease_write_bound_ms {
+            config.lease_write_bound_ms = v;
         }
         Ok(config)
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::Method;
 use palisade_protocol::admin::HEALTHZ_PATH;
 use palisade_protocol::headers::JSON;
+use palisade_protocol::lease::{LEASE_PATH, LeaseGrant, LeaseRequest};
 use palisade_protocol::node::{LEADER_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH};
 use palisade_protocol::{
     FaultSpec, Health, LeaderView, LongPoll, Role, TransferRequest, Transferred,
@@ -149,6 +150,18 @@ impl NodeApi {
     pub async fn resign(&self) -> Result<Transferred, ClientError> {
         self.post::<(), _>(RESIGN_PATH, None, TRANSFER_TIMEOUT_MS)
             .await
+    }
+
+    /// `POST /v1/lease`: asks the node for a fleet lease for the proxy named in `request`,
+    /// waiting at most `timeout`. A follower answers 503 of kind `not-leader`, a proxy the
+    /// cluster does not list 403 `unknown-proxy`: both come back as
+    /// [`ClientError::Status`] with the problem.
+    pub async fn lease(
+        &self,
+        request: &LeaseRequest,
+        timeout: Duration,
+    ) -> Result<LeaseGrant, ClientError> {
+        self.post(LEASE_PATH, Some(request), millis(timeout)).await
     }
 
     /// `GET /healthz`.

@@ -1,0 +1,287 @@
+//! Fleet mode (`palisade proxy --cluster`): two real proxy processes hold leases from a
+//! lease endpoint and admit writes only under them.
+//!
+//! The lease endpoint here is a small in-test server that speaks `POST /v1/lease` as a
+//! node does: it grants the term the test sets, refuses proxies it does not list with 403
+//! `unknown-proxy`, and can stall (answer nothing, as a stopped cluster does). The test
+//! plays the new leader's part of the protocol itself: after moving the term it waits the
+//! release wait (lease plus drift plus write bound) before using the new token.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use palisade_protocol::Problem;
+use palisade_protocol::lease::{LeaseGrant, LeaseRequest, LeaseView, UNKNOWN_PROXY};
+use palisade_protocol::{DEFAULT_SCOPE, Scope};
+use palisade_tests::client::put;
+use palisade_tests::process::{ProxyProcess, start_proxy};
+use palisade_tests::upstream::RecordingUpstream;
+use palisade_tests::wait::until;
+
+/// The lease the fake cluster grants. Short, so that expiry tests are quick.
+const LEASE_MS: u64 = 600;
+/// The release wait a new leader would observe: lease, 1% drift, 500 ms write bound.
+const RELEASE_WAIT_MS: u64 = LEASE_MS + LEASE_MS / 100 + 500;
+/// How long the tests wait for a condition before failing.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// What the fake cluster answers.
+#[derive(Clone)]
+struct FakeState {
+    term: u64,
+    /// Answer nothing (a stopped cluster).
+    stalled: bool,
+    /// Fleet names refused with 403 unknown-proxy.
+    unknown: Vec<String>,
+}
+
+/// An in-test lease endpoint.
+struct FakeCluster {
+    addr: SocketAddr,
+    state: Arc<Mutex<FakeState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeCluster {
+    async fn start(term: u64, unknown: &[&str]) -> Self {
+        let state = Arc::new(Mutex::new(FakeState {
+            term,
+            stalled: false,
+            unknown: unknown.iter().map(ToString::to_string).collect(),
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::clone(&state);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let state = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let state = Arc::clone(&state);
+                        async move {
+                            let body = req.into_body().collect().await?.to_bytes();
+                            let request: LeaseRequest = serde_json::from_slice(&body).unwrap();
+                            let now = state.lock().unwrap().clone();
+                            if now.stalled {
+                                std::future::pending::<()>().await;
+                            }
+                            let (status, json) = if now.unknown.contains(&request.proxy) {
+                                let problem = Problem::new(
+                                    StatusCode::FORBIDDEN,
+                                    UNKNOWN_PROXY,
+                                    format!("{} is not in --announce", request.proxy),
+                                );
+                                (StatusCode::FORBIDDEN, serde_json::to_vec(&problem).unwrap())
+                            } else {
+                                let grant = LeaseGrant {
+                                    scope: Scope::new(DEFAULT_SCOPE).unwrap(),
+                                    term: now.term,
+                                    leader_id: 1,
+                                    lease_ms: LEASE_MS,
+                                };
+                                (StatusCode::OK, serde_json::to_vec(&grant).unwrap())
+                            };
+                            let content_type = if status.is_success() {
+                                "application/json"
+                            } else {
+                                "application/problem+json"
+                            };
+                            Ok::<_, hyper::Error>(
+                                Response::builder()
+                                    .status(status)
+                                    .header(http::header::CONTENT_TYPE, content_type)
+                                    .body(Full::new(Bytes::from(json)))
+                                    .unwrap(),
+                            )
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn set(&self, change: impl FnOnce(&mut FakeState)) {
+        change(&mut self.state.lock().unwrap());
+    }
+}
+
+impl Drop for FakeCluster {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A proxy in fleet mode in front of `upstream`, following `cluster`.
+fn fleet_proxy(
+    dir: &std::path::Path,
+    upstream: &RecordingUpstream,
+    cluster: &str,
+    extra: &[&str],
+) -> ProxyProcess {
+    let upstream = upstream.url();
+    let mut args = vec!["--upstream", upstream.as_str(), "--cluster", cluster];
+    args.extend_from_slice(extra);
+    start_proxy(dir, &args)
+}
+
+/// The proxy's `GET /v1/lease`.
+async fn lease_of(proxy: &ProxyProcess) -> LeaseView {
+    let answer =
+        palisade_tests::client::send(http::Method::GET, &proxy.admin_url("/v1/lease"), &[], "")
+            .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    serde_json::from_slice(&answer.body).unwrap()
+}
+
+/// Goal: two proxies following one cluster admit the current term's token; once the
+/// cluster moves to a new term (and the new leader's release wait has passed), the old
+/// token is refused at BOTH proxies, also at the one that took no write of the new term.
+/// Method: fake cluster at term 5; write 5 through A and B; move it to 6; wait the
+/// release wait; write 6 through A only; then 5 through B.
+#[tokio::test]
+async fn old_term_is_refused_at_every_proxy_after_the_cluster_moves() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let cluster = FakeCluster::start(5, &[]).await;
+    let a = fleet_proxy(&dir.path().join("a"), &upstream, &cluster.url(), &[]);
+    let b = fleet_proxy(&dir.path().join("b"), &upstream, &cluster.url(), &[]);
+
+    for proxy in [&a, &b] {
+        let answer = put(&proxy.url("/k"), 5, "five").await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    }
+    let view = lease_of(&b).await;
+    assert_eq!((view.term, view.valid), (5, true), "{view:?}");
+    assert!(view.renewals >= 1);
+
+    cluster.set(|s| s.term = 6);
+    tokio::time::sleep(Duration::from_millis(RELEASE_WAIT_MS)).await;
+    let answer = put(&a.url("/k"), 6, "six").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+
+    let stale = put(&b.url("/k"), 5, "late five").await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.text());
+    let problem = stale.problem().unwrap();
+    assert_eq!((problem.presented, problem.current), (Some(5), Some(6)));
+    let tokens: Vec<String> = upstream
+        .applied()
+        .into_iter()
+        .map(|w| w.token.unwrap_or_default())
+        .collect();
+    assert_eq!(
+        tokens,
+        vec!["5", "5", "6"],
+        "the late 5 never reached the storage"
+    );
+
+    // A token the cluster never issued is refused too, and moves no fence.
+    let ahead = put(&b.url("/k"), 9, "nine").await;
+    assert_eq!(ahead.status, StatusCode::CONFLICT, "{}", ahead.text());
+    assert_eq!(ahead.problem().unwrap().kind(), "token-not-issued");
+    assert_eq!(b.fence(DEFAULT_SCOPE).await, Some(6));
+}
+
+/// Goal: with the whole cluster unreachable, writes turn to 503 lease-expired within one
+/// lease (plus the renewal wait), nothing reaches the storage, and they succeed again
+/// once the cluster answers.
+/// Method: fake cluster stalls (answers nothing, as under SIGSTOP); write until 503; it
+/// answers again; write until 200.
+#[tokio::test]
+async fn unreachable_cluster_turns_writes_to_503_and_back() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let cluster = FakeCluster::start(3, &[]).await;
+    let proxy = fleet_proxy(dir.path(), &upstream, &cluster.url(), &[]);
+    assert_eq!(put(&proxy.url("/k"), 3, "x").await.status, StatusCode::OK);
+
+    cluster.set(|s| s.stalled = true);
+    let stalled = Instant::now();
+    let refused = until("a 503 lease-expired", WAIT, || async {
+        let answer = put(&proxy.url("/k"), 3, "x").await;
+        (answer.status == StatusCode::SERVICE_UNAVAILABLE).then_some(answer)
+    })
+    .await;
+    // Bound: the lease (600 ms) plus one renewal wait (1 s default) plus slack for the
+    // processes; the requirement is "within one lease", the rest is the refusal's wait.
+    assert!(
+        stalled.elapsed() < Duration::from_millis(LEASE_MS + 1_000 + 1_500),
+        "{:?}",
+        stalled.elapsed()
+    );
+    assert!(refused.header("retry-after").is_some());
+    assert_eq!(refused.problem().unwrap().kind(), "lease-expired");
+    let forwarded = upstream.applied().len();
+
+    cluster.set(|s| s.stalled = false);
+    until("writes admitted again", WAIT, || async {
+        (put(&proxy.url("/k"), 3, "x").await.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    assert_eq!(
+        upstream.applied().len(),
+        forwarded + 1,
+        "nothing was forwarded while refused"
+    );
+}
+
+/// Goal: a proxy the cluster does not list gets no lease: its writes are 503 and the
+/// reason is logged (lease-refused, unknown-proxy).
+/// Method: the fake cluster refuses the fleet name `http://not-listed.invalid`; write;
+/// read the lease view and the log.
+#[tokio::test]
+async fn unlisted_proxy_gets_no_lease() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let name = "http://not-listed.invalid";
+    let cluster = FakeCluster::start(3, &[name]).await;
+    let proxy = fleet_proxy(
+        dir.path(),
+        &upstream,
+        &cluster.url(),
+        &["--fleet-name", name],
+    );
+    let answer = put(&proxy.url("/k"), 3, "x").await;
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        answer.text()
+    );
+    assert!(answer.text().contains(UNKNOWN_PROXY), "{}", answer.text());
+    // The proxy's log (stderr, in `proxy-N.log` of its directory) says why.
+    let line = until("a lease-refused log line", WAIT, || async {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .flat_map(|text| text.lines().map(str::to_owned).collect::<Vec<_>>())
+            .find(|l| l.contains("lease-refused") && l.contains(UNKNOWN_PROXY))
+    })
+    .await;
+    assert!(line.contains(name), "{line}");
+    let view = lease_of(&proxy).await;
+    assert!(!view.valid && view.failures >= 1, "{view:?}");
+    assert!(upstream.applied().is_empty());
+}
