@@ -46,12 +46,58 @@ fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
     );
 }
 
+/// Goal: `palisade demo --proxies 3` runs a fleet in front of one store: the paused
+/// leader's write goes through a different proxy from the new leader's and is still
+/// rejected, and the verdict holds. Method: run it with a short pause and fast ticks;
+/// read its fleet lines, the proxies each worker writes through, the rejection and the
+/// verdict.
+#[test]
+fn demo_with_three_proxies_rejects_the_old_leaders_write_through_another_proxy() {
+    crate::use_tested_binary();
+    let output = Command::new(crate::PALISADE)
+        .args(["demo", "--proxies", "3", "--pause", "2", "--tick-ms", "50"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "demo failed\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("a fleet of 3 proxies in front of one store"),
+        "{stdout}"
+    );
+    for i in 1..=3 {
+        assert!(
+            stdout.contains(&format!("proxy {i}  listening on")),
+            "proxy {i} started: {stdout}"
+        );
+    }
+    assert!(stdout.contains("PAUSE    SIGSTOP node"), "{stdout}");
+    let rejected = stdout
+        .lines()
+        .find(|l| l.contains("REJECTED"))
+        .unwrap_or_else(|| panic!("the stale write was rejected: {stdout}"));
+    assert!(
+        rejected.contains("proxy ") && rejected.contains("fence is"),
+        "the rejection names the proxy that refused it: {rejected}"
+    );
+    assert!(
+        stdout.contains("(different proxies)"),
+        "the old and the new leader wrote through different proxies: {stdout}"
+    );
+    assert!(stdout.contains("verdict: HOLDS"), "{stdout}");
+}
+
 /// Goal: bad options are usage errors (exit 2) that name the option. Method: run the
-/// demo with too few nodes and with a zero pause.
+/// demo with too few nodes, with a zero pause, and with no proxy.
 #[test]
 fn demo_refuses_bad_options_with_exit_2() {
     crate::use_tested_binary();
-    for args in [["demo", "--nodes", "2"], ["demo", "--pause", "0"]] {
+    for args in [
+        ["demo", "--nodes", "2"],
+        ["demo", "--pause", "0"],
+        ["demo", "--proxies", "0"],
+    ] {
         let output = Command::new(crate::PALISADE).args(args).output().unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         let stderr = String::from_utf8_lossy(&output.stderr);

@@ -84,17 +84,27 @@ fn ms(rng: &mut StdRng, range: std::ops::Range<u64>) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_faults_never_break_fencing() {
     crate::use_tested_binary();
-    let seed = fault_seed("random mix");
+    run_mix(
+        "random mix",
+        ScenarioSpec {
+            job_ms: 50,
+            ..ScenarioSpec::default()
+        },
+    )
+    .await;
+}
+
+/// The random mix on a scenario started from `spec` (one proxy, or a fleet), named
+/// `name` in its output; panics on any violation. With a fleet, a proxy kill hits a
+/// proxy drawn from the fleet.
+pub(crate) async fn run_mix(name: &str, spec: ScenarioSpec) {
+    let seed = fault_seed(name);
     let secs: u64 = std::env::var("PALISADE_SOAK_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(DEFAULT_SECS);
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut s = Scenario::start(&ScenarioSpec {
-        job_ms: 50,
-        ..ScenarioSpec::default()
-    })
-    .await;
+    let mut s = Scenario::start(&spec).await;
     let monitor = Monitor::start(&s.cluster, POLL);
     let first = s.wait_announced_leader(0, None).await;
     let ids = s.cluster.ids();
@@ -163,7 +173,14 @@ async fn random_faults_never_break_fencing() {
                 s.upstream.delay(LEDGER, delay);
             }
             Fault::KillProxy => {
-                s.cluster.proxy.restart().unwrap();
+                // One proxy draws nothing, so a seed replays as it did before fleets.
+                let proxies = s.cluster.proxies().len();
+                let i = if proxies > 1 {
+                    rng.random_range(0..proxies)
+                } else {
+                    0
+                };
+                s.cluster.proxy_at_mut(i).unwrap().restart().unwrap();
             }
         }
         let quiet = ms(&mut rng, 100..600);
@@ -185,10 +202,10 @@ async fn random_faults_never_break_fencing() {
     let (answers, mut violations) = monitor.violations();
     let (established, logged) = term_violations(&s.cluster);
     violations.extend(logged);
-    let report = s.finish("random mix");
+    let report = s.finish(name);
     let faults: usize = applied.values().sum();
     eprintln!(
-        "random mix: seed {seed}, {secs} s, {faults} faults {applied:?}, {established} established leaderships, {answers} leadership answers, {} writes checked ({} rejected), {} term violations, {} history violations",
+        "{name}: seed {seed}, {secs} s, {faults} faults {applied:?}, {established} established leaderships, {answers} leadership answers, {} writes checked ({} rejected), {} term violations, {} history violations",
         report.ops(),
         report.count(Outcome::Rejected),
         violations.len(),

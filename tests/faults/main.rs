@@ -17,6 +17,8 @@
 //! - `fault_node_restarts`: `kill -9` of nodes during elections never reuses a term.
 //! - `fault_proxy_crash`: `kill -9` of the proxy at each failpoint keeps the fence.
 //! - `fault_random_mix`: a seeded random mix of all of the above.
+//! - `fleet`: three proxies in fleet mode: a paused proxy, a proxy cut off from the
+//!   cluster, a proxy killed during an election, the cluster unreachable, a random mix.
 // Tests may unwrap: a failed step panics with its cause, which is what a test should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -27,6 +29,7 @@ mod fault_partition;
 mod fault_paused_leader;
 mod fault_proxy_crash;
 mod fault_random_mix;
+mod fleet;
 
 /// The `palisade` binary Cargo built for these tests, failpoints included.
 const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");

@@ -6,6 +6,8 @@
 //! - `fixtures`: set-ups several proxy tests share.
 //! - `upstream`: the recording upstream, with per-path hold gates to keep a request in
 //!   flight, per-prefix delays, and its apply log for the history checker.
+//! - `relay`: a TCP relay a test can cut, to cut a fleet proxy off from the cluster
+//!   without network namespaces.
 //! - `netns`: real partitions: nodes in network namespaces, cut off with nft drop rules
 //!   (root only).
 //! - `scenario`: fault scenarios: a cluster with test faults, the recording upstream, a
@@ -28,6 +30,7 @@ pub mod client;
 pub mod fixtures;
 pub mod netns;
 pub mod peer_wire;
+pub mod relay;
 pub mod scenario;
 pub mod terms;
 pub mod trust;

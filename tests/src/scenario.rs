@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use http::Method;
 use palisade_cluster::history::{self, History, Outcome, Recorder, Report};
 use palisade_cluster::worker::{Event, WorkerLine, WorkerProcess, WorkerSpec};
-use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec};
+use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, Fleet};
 use palisade_protocol::process::{FAILPOINT_STOP_ENV, TEST_FAULTS_ENV};
 use palisade_protocol::{DEFAULT_SCOPE, LeaderView, headers};
 
@@ -28,6 +28,9 @@ use crate::wait;
 pub const ELECTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound on one worker's job once it may go on.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(20);
+/// Bound on one probe write ([`Scenario::probe`]): longer than a fleet proxy's bounded
+/// wait for a lease renewal, so a refused write is seen as its 503, not as a timeout.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The failpoint between reading the token and sending the write.
 pub const CLIENT_FAILPOINT: &str = "client-before-send";
 
@@ -46,6 +49,11 @@ pub struct ScenarioSpec {
     pub stop_workers: bool,
     /// Further proxy flags.
     pub proxy_flags: Vec<String>,
+    /// A fleet of proxies in fleet mode instead of one proxy. The worker of node N
+    /// writes through proxy `(N - 1) % proxies` ([`Scenario::worker_proxy`]), so with as
+    /// many proxies as nodes an old leader's write and a new leader's go through
+    /// different proxies.
+    pub fleet: Option<Fleet>,
 }
 
 impl Default for ScenarioSpec {
@@ -57,6 +65,7 @@ impl Default for ScenarioSpec {
             job_ms: 20,
             stop_workers: false,
             proxy_flags: Vec::new(),
+            fleet: None,
         }
     }
 }
@@ -86,6 +95,11 @@ pub struct Scenario {
     stopped: BTreeSet<u64>,
     /// Workers to keep stopped at the failpoint.
     held: BTreeSet<u64>,
+    /// Proxies (by position) that [`Scenario::wait_announced_leader`] does not ask: a
+    /// test adds those it paused, killed or cut off.
+    pub skip_proxies: BTreeSet<usize>,
+    /// The last sequence number of each proxy's probe writer ([`Scenario::probe`]).
+    probes: BTreeMap<usize, u64>,
     /// Jobs whose outcome a worker reported: (node id, seq).
     completed: BTreeSet<(u64, u64)>,
     /// The network namespaces the nodes run in, if any; removed after the processes.
@@ -96,6 +110,11 @@ pub struct Scenario {
     name: String,
     /// Data and logs; removed last.
     pub dir: tempfile::TempDir,
+}
+
+/// The proxy (by position, of `proxies`) the worker of node `id` writes through.
+fn worker_proxy_of(id: u64, proxies: usize) -> usize {
+    usize::try_from(id.saturating_sub(1)).unwrap_or(0) % proxies.max(1)
 }
 
 /// The worker name of node `id`.
@@ -138,6 +157,7 @@ impl Scenario {
         };
         let mut options = ClusterOptions {
             node_env: vec![(TEST_FAULTS_ENV.to_owned(), "1".to_owned())],
+            fleet: spec.fleet.clone(),
             ..ClusterOptions::default()
         };
         if let Some(net) = &net {
@@ -146,11 +166,13 @@ impl Scenario {
         }
         let cluster = crate::process::start_cluster(dir.path(), &cluster_spec, &options);
         let mut workers = BTreeMap::new();
+        let proxies = cluster.proxies().len();
         for node in cluster.nodes.iter().filter(|_| spec.workers) {
+            let through = worker_proxy_of(node.id(), proxies);
             let spec = WorkerSpec {
                 name: writer(node.id()),
                 node_url: node.api_url(""),
-                proxy_url: cluster.proxy.url(""),
+                proxy_url: cluster.proxy_at(through).unwrap().url(""),
                 job_ms: Some(spec.job_ms),
                 retries: Some(0),
                 env: if spec.stop_workers {
@@ -170,6 +192,8 @@ impl Scenario {
             holding: BTreeMap::new(),
             stopped: BTreeSet::new(),
             held: BTreeSet::new(),
+            skip_proxies: BTreeSet::new(),
+            probes: BTreeMap::new(),
             completed: BTreeSet::new(),
             net,
             started: Instant::now(),
@@ -179,6 +203,55 @@ impl Scenario {
                 .to_owned(),
             dir,
         }
+    }
+
+    /// The proxy (by position) the worker of node `id` writes through.
+    pub fn worker_proxy(&self, id: u64) -> usize {
+        worker_proxy_of(id, self.cluster.proxies().len())
+    }
+
+    /// Whether every proxy not in [`Scenario::skip_proxies`] has its fence at `token`.
+    pub async fn fences_at(&self, token: Option<u64>) -> bool {
+        for (i, proxy) in self.cluster.proxies().into_iter().enumerate() {
+            if !self.skip_proxies.contains(&i) && proxy.fence(DEFAULT_SCOPE).await != token {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Sends one fenced PUT with `token` through proxy `i` (by position) as the writer
+    /// `probe-<i>`, records it in the history (invoked, then its outcome), and returns
+    /// when it was sent and the answer. Bounded by [`PROBE_TIMEOUT`].
+    pub async fn probe(
+        &mut self,
+        i: usize,
+        token: u64,
+    ) -> (
+        Instant,
+        palisade_cluster::Result<palisade_cluster::client::Answer>,
+    ) {
+        let writer = format!("probe-{i}");
+        let seq = {
+            let n = self.probes.entry(i).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let base = self.cluster.proxy_at(i).unwrap().url("");
+        self.recorder
+            .invoke(palisade_cluster::worker::WORKER_SCOPE, token, &writer, seq);
+        let sent = Instant::now();
+        let answer = tagged_put(
+            &base,
+            &format!("/probe/{writer}-{seq:06}"),
+            token,
+            &writer,
+            seq,
+            PROBE_TIMEOUT,
+        )
+        .await;
+        self.recorder.complete(&writer, seq, outcome_of(&answer));
+        (sent, answer)
     }
 
     /// Prints one timeline line.
@@ -345,20 +418,21 @@ impl Scenario {
     }
 
     /// Waits for an established leader above term `above` (skipping `except`) whose token
-    /// the proxy's fence equals: elected, established and announced. Pumps meanwhile.
+    /// the proxy's fence equals (every proxy's in a fleet, but for
+    /// [`Scenario::skip_proxies`]): elected, established and announced. Pumps meanwhile.
     pub async fn wait_announced_leader(&mut self, above: u64, except: Option<u64>) -> LeaderView {
         let deadline = Instant::now() + ELECTION_TIMEOUT;
         loop {
             self.pump();
             if let Some(l) = self.cluster.established_leader(except).await
                 && l.term > above
-                && self.cluster.proxy_fence(DEFAULT_SCOPE).await == l.token
+                && self.fences_at(l.token).await
             {
                 return l;
             }
             assert!(
                 Instant::now() < deadline,
-                "no leader above term {above} was announced at the proxy within {ELECTION_TIMEOUT:?}"
+                "no leader above term {above} was announced at the proxies within {ELECTION_TIMEOUT:?}"
             );
             tokio::time::sleep(wait::POLL).await;
         }

@@ -1,4 +1,6 @@
-//! A local cluster: `n` nodes and a proxy whose admin API they announce to.
+//! A local cluster: `n` nodes and a proxy whose admin API they announce to, or a fleet of
+//! proxies (`palisade proxy --cluster`) holding leases from nodes started with
+//! `--lease-ms`.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -52,6 +54,58 @@ pub struct ClusterOptions {
     /// (`--token-key`) with peer mTLS and an https API (`--cert/--key/--ca`), the proxy
     /// checking proofs (`--token-pub`) with an admin token (`--admin-token-file`).
     pub secure: bool,
+    /// Run a fleet of proxies in fleet mode ([`Fleet`]) instead of one standalone proxy.
+    pub fleet: Option<Fleet>,
+}
+
+/// A fleet of proxies in front of the same upstream, each following the cluster: every
+/// proxy runs `palisade proxy --cluster <every node's API URL> --fleet-name <its admin
+/// URL>`, and every node runs with `--lease-ms` and one `--announce` per proxy (that same
+/// admin URL), so every proxy of the fleet takes leases and acknowledges new terms.
+#[derive(Debug, Clone)]
+pub struct Fleet {
+    /// Number of proxies (1 or more).
+    pub proxies: usize,
+    /// The nodes' `--lease-ms`: how long a granted lease holds.
+    pub lease_ms: u64,
+    /// The nodes' `--lease-drift-ppm`, when not their default.
+    pub lease_drift_ppm: Option<u64>,
+    /// The nodes' (and the proxies') `--lease-write-bound-ms`, when not their default.
+    pub lease_write_bound_ms: Option<u64>,
+    /// Per proxy (by position): the base URLs it reaches the nodes at (its `--cluster`),
+    /// instead of the nodes' own API URLs, one per node in node order. A test points
+    /// them at relays it can cut, to cut one proxy off from the cluster.
+    pub cluster_urls: BTreeMap<usize, Vec<String>>,
+    /// Per proxy (by position): the URL the nodes announce to and lease to, and the
+    /// proxy's `--fleet-name`, instead of its own admin URL. A test points it at a relay
+    /// in front of the proxy's admin listener, to cut the cluster off from that proxy.
+    pub fleet_names: BTreeMap<usize, String>,
+}
+
+impl Fleet {
+    /// `proxies` proxies whose leases hold `lease_ms`, everything else by default.
+    pub fn new(proxies: usize, lease_ms: u64) -> Self {
+        Self {
+            proxies,
+            lease_ms,
+            lease_drift_ppm: None,
+            lease_write_bound_ms: None,
+            cluster_urls: BTreeMap::new(),
+            fleet_names: BTreeMap::new(),
+        }
+    }
+
+    /// The nodes' flags for this fleet (without the `--announce` URLs).
+    fn node_flags(&self) -> Vec<String> {
+        let mut flags = vec!["--lease-ms".to_owned(), self.lease_ms.to_string()];
+        if let Some(ppm) = self.lease_drift_ppm {
+            flags.extend(["--lease-drift-ppm".to_owned(), ppm.to_string()]);
+        }
+        if let Some(ms) = self.lease_write_bound_ms {
+            flags.extend(["--lease-write-bound-ms".to_owned(), ms.to_string()]);
+        }
+        flags
+    }
 }
 
 impl Default for ClusterOptions {
@@ -63,6 +117,7 @@ impl Default for ClusterOptions {
             proxy_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
             node_hosts: Vec::new(),
             secure: false,
+            fleet: None,
         }
     }
 }
@@ -76,10 +131,13 @@ pub struct NodeHost {
     pub prefix: Vec<String>,
 }
 
-/// Nodes and a proxy, each a real process, in one directory.
+/// Nodes and a proxy (or a fleet of proxies), each a real process, in one directory.
 pub struct Cluster {
-    /// The proxy; every node announces its token to its admin API.
+    /// The proxy (the first of a fleet); every node announces its token to its admin API.
     pub proxy: ProxyProcess,
+    /// The further proxies of a fleet ([`ClusterOptions::fleet`]), the second onwards;
+    /// empty without a fleet. [`Cluster::proxy_at`] counts from the first.
+    pub fleet: Vec<ProxyProcess>,
     /// The nodes, by position (node id = position + 1).
     pub nodes: Vec<NodeProcess>,
     /// Where data and logs live.
@@ -94,9 +152,8 @@ impl Cluster {
         Self::start_with(dir, spec, &ClusterOptions::default())
     }
 
-    /// Starts the proxy, then the nodes, in `dir`, with `options`.
+    /// Starts the proxy (or the fleet's proxies), then the nodes, in `dir`, with `options`.
     pub fn start_with(dir: &Path, spec: &ClusterSpec, options: &ClusterOptions) -> Result<Self> {
-        let proxy_dir = dir.join("proxy");
         let trust = if options.secure {
             let ids: Vec<u64> = (1..=spec.nodes as u64).collect();
             let mut hosts: Vec<IpAddr> = options.node_hosts.iter().map(|h| h.ip).collect();
@@ -104,24 +161,6 @@ impl Cluster {
             Some(Trust::generate(&dir.join("trust"), &ids, &hosts)?)
         } else {
             None
-        };
-        let mut proxy_flags: Vec<&str> = spec.proxy_flags.iter().map(String::as_str).collect();
-        let trust_proxy_flags = trust.as_ref().map(Trust::proxy_flags).unwrap_or_default();
-        proxy_flags.extend(trust_proxy_flags.iter().map(String::as_str));
-        let proxy_env: Vec<(&str, &str)> = options
-            .proxy_env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let any_port = std::net::SocketAddr::new(options.proxy_host, 0).to_string();
-        let mut proxy =
-            ProxyProcess::start_with(&proxy_dir, &any_port, &any_port, &proxy_flags, &proxy_env)?;
-        let client_tls = match &trust {
-            Some(trust) => {
-                proxy.set_admin_bearer(trust.admin_token());
-                Some(trust.client_tls()?)
-            }
-            None => None,
         };
         let host = |id: u64| -> Result<NodeHost> {
             if options.node_hosts.is_empty() {
@@ -139,14 +178,87 @@ impl Cluster {
                     source: std::io::Error::other("no NodeHost for this node"),
                 })
         };
+        // Every address is chosen before any process starts: a fleet's proxies name the
+        // nodes (`--cluster`) and the nodes name the proxies (`--announce`).
         let mut peers = BTreeMap::new();
+        let mut apis = BTreeMap::new();
         for id in 1..=spec.nodes as u64 {
-            peers.insert(id, (host(id)?.ip, free_port()?).into());
+            let ip = host(id)?.ip;
+            peers.insert(id, SocketAddr::from((ip, free_port()?)));
+            apis.insert(id, SocketAddr::from((ip, free_port()?)));
         }
+        let scheme = if trust.is_some() { "https" } else { "http" };
+        let node_urls: Vec<String> = apis.values().map(|a| format!("{scheme}://{a}")).collect();
+
+        let mut base_flags: Vec<String> = spec.proxy_flags.clone();
+        base_flags.extend(trust.as_ref().map(Trust::proxy_flags).unwrap_or_default());
+        let proxy_env: Vec<(&str, &str)> = options
+            .proxy_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let any_port = SocketAddr::new(options.proxy_host, 0).to_string();
+        let count = options.fleet.as_ref().map_or(1, |f| f.proxies.max(1));
+        let mut proxies = Vec::with_capacity(count);
+        let mut announce = Vec::with_capacity(count);
+        for i in 0..count {
+            let mut flags = base_flags.clone();
+            let mut admin_listen = any_port.clone();
+            let mut name = None;
+            if let Some(fleet) = &options.fleet {
+                // The admin port is chosen in advance: its URL is the proxy's name in the
+                // fleet, which it must be told before it starts.
+                let admin = SocketAddr::new(options.proxy_host, free_port()?);
+                admin_listen = admin.to_string();
+                let fleet_name = fleet
+                    .fleet_names
+                    .get(&i)
+                    .cloned()
+                    .unwrap_or_else(|| format!("http://{admin}"));
+                let urls = fleet
+                    .cluster_urls
+                    .get(&i)
+                    .cloned()
+                    .unwrap_or_else(|| node_urls.clone());
+                flags.extend([
+                    "--cluster".to_owned(),
+                    urls.join(","),
+                    "--fleet-name".to_owned(),
+                    fleet_name.clone(),
+                ]);
+                if let Some(ms) = fleet.lease_write_bound_ms {
+                    flags.extend(["--lease-write-bound-ms".to_owned(), ms.to_string()]);
+                }
+                if let Some(trust) = &trust {
+                    flags.extend(trust.proxy_cluster_flags());
+                }
+                name = Some(fleet_name);
+            }
+            let proxy_dir = if i == 0 {
+                dir.join("proxy")
+            } else {
+                dir.join(format!("proxy-{}", i + 1))
+            };
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let mut proxy =
+                ProxyProcess::start_with(&proxy_dir, &any_port, &admin_listen, &flags, &proxy_env)?;
+            if let Some(trust) = &trust {
+                proxy.set_admin_bearer(trust.admin_token());
+            }
+            announce.push(name.unwrap_or_else(|| format!("http://{}", proxy.admin)));
+            proxies.push(proxy);
+        }
+        let client_tls = match &trust {
+            Some(trust) => Some(trust.client_tls()?),
+            None => None,
+        };
         let mut nodes = Vec::with_capacity(spec.nodes);
         for id in 1..=spec.nodes as u64 {
             let at = host(id)?;
             let mut extra = spec.node_flags.clone();
+            if let Some(fleet) = &options.fleet {
+                extra.extend(fleet.node_flags());
+            }
             match &trust {
                 Some(trust) => extra.extend(trust.node_flags(id)),
                 // Nodes on test hosts of their own (network namespaces with veth
@@ -160,10 +272,10 @@ impl Cluster {
             let node_spec = NodeSpec {
                 id,
                 peers: peers.clone(),
-                api: (at.ip, free_port()?).into(),
+                api: apis[&id],
                 data_dir: dir.join(format!("node-{id}")),
                 announce: if options.announce {
-                    vec![format!("http://{}", proxy.admin)]
+                    announce.clone()
                 } else {
                     Vec::new()
                 },
@@ -173,12 +285,39 @@ impl Cluster {
             };
             nodes.push(NodeProcess::start_tls(node_spec, dir, client_tls.as_ref())?);
         }
+        let mut proxies = proxies.into_iter();
+        let proxy = proxies.next().ok_or_else(|| ClusterError::Spawn {
+            what: "proxy".to_owned(),
+            source: std::io::Error::other("a cluster needs at least one proxy"),
+        })?;
         Ok(Self {
             proxy,
+            fleet: proxies.collect(),
             nodes,
             dir: dir.to_owned(),
             trust,
         })
+    }
+
+    /// Every proxy, the first ([`Cluster::proxy`]) first.
+    pub fn proxies(&self) -> Vec<&ProxyProcess> {
+        std::iter::once(&self.proxy).chain(&self.fleet).collect()
+    }
+
+    /// The proxy at position `i` (0: [`Cluster::proxy`]).
+    pub fn proxy_at(&self, i: usize) -> Option<&ProxyProcess> {
+        match i {
+            0 => Some(&self.proxy),
+            i => self.fleet.get(i - 1),
+        }
+    }
+
+    /// The proxy at position `i`, mutably.
+    pub fn proxy_at_mut(&mut self, i: usize) -> Option<&mut ProxyProcess> {
+        match i {
+            0 => Some(&mut self.proxy),
+            i => self.fleet.get_mut(i - 1),
+        }
     }
 
     /// The raft ids of the nodes.

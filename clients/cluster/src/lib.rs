@@ -16,7 +16,8 @@
 //! - `node`: [`NodeProcess`], a `palisade node` child, its leadership ([`LeaderView`])
 //!   and its test faults ([`FaultSpec`]: drop or delay raft traffic per peer), through
 //!   `palisade_client`'s node API client.
-//! - `cluster`: [`Cluster`], nodes plus a proxy, with leader queries and partitions.
+//! - `cluster`: [`Cluster`], nodes plus a proxy or a [`Fleet`] of proxies, with leader
+//!   queries and partitions.
 //! - `worker`: [`worker::WorkerProcess`], the writer beside a node (`palisade
 //!   demo-worker`), and its events.
 //! - `history`: the history checker: client operations against the apply log.
@@ -37,7 +38,7 @@ mod trust;
 pub mod wait;
 pub mod worker;
 
-pub use cluster::{Cluster, ClusterOptions, ClusterSpec, NodeHost};
+pub use cluster::{Cluster, ClusterOptions, ClusterSpec, Fleet, NodeHost};
 pub use node::{NodeProcess, NodeSpec, QUERY_TIMEOUT_MS};
 pub use palisade_protocol::{FaultSpec, LeaderView, Role};
 pub use process::{
@@ -45,7 +46,7 @@ pub use process::{
     set_palisade_bin, spawn_launch, spawn_until, spawn_until_line,
 };
 pub use proxy::{ADMIN_QUERY_TIMEOUT_MS, ProxyProcess};
-pub use trust::{CLIENT_CERT_NAME, Trust};
+pub use trust::{CLIENT_CERT_NAME, PROXY_CERT_NAME, Trust};
 
 /// Why a cluster operation failed.
 #[derive(Debug, thiserror::Error)]

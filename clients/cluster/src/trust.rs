@@ -18,6 +18,9 @@ use crate::{ClusterError, Result};
 const ADMIN_TOKEN_BYTES: usize = 24;
 /// The certificate name clients (workers, the launcher's own API clients) present.
 pub const CLIENT_CERT_NAME: &str = "client";
+/// The certificate name proxies present: a fleet proxy's client certificate towards the
+/// node APIs, which require one of the cluster's CA.
+pub const PROXY_CERT_NAME: &str = "proxy";
 
 /// Where a secure cluster's keys, certificates and admin token are.
 #[derive(Debug, Clone)]
@@ -35,7 +38,7 @@ impl Trust {
         let out = dir.display().to_string();
         run(&["keys", "generate", "--out", &out])?;
         let mut names: Vec<String> = node_ids.iter().map(|id| format!("node-{id}")).collect();
-        names.push("proxy".to_owned());
+        names.push(PROXY_CERT_NAME.to_owned());
         names.push(CLIENT_CERT_NAME.to_owned());
         let mut host_list = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
         for host in hosts {
@@ -133,6 +136,19 @@ impl Trust {
             "--admin-token-file".to_owned(),
             self.admin_token_file().display().to_string(),
         ]
+    }
+
+    /// A fleet proxy's flags towards the https node APIs: `--cluster-ca`, and the `proxy`
+    /// certificate as its client certificate (`--cluster-cert`, `--cluster-key`).
+    pub fn proxy_cluster_flags(&self) -> Vec<String> {
+        [
+            ("--cluster-ca", self.ca()),
+            ("--cluster-cert", self.cert(PROXY_CERT_NAME)),
+            ("--cluster-key", self.key(PROXY_CERT_NAME)),
+        ]
+        .into_iter()
+        .flat_map(|(flag, path)| [flag.to_owned(), path.display().to_string()])
+        .collect()
     }
 
     /// The environment that gives a `palisade` client command or demo worker the CA and

@@ -6,7 +6,14 @@
 //! GC pause in the middle of a job); wait for a new leader and its token at the proxy;
 //! resume both with `SIGCONT`; the old worker finishes its job and writes with its old
 //! token, and the proxy rejects it. Then check the ledger in the store.
+//!
+//! With `--proxies N` (N > 1) the demo runs a fleet: N proxies in fleet mode
+//! (`--cluster`, leases from nodes started with `--lease-ms`) in front of one shared
+//! store that fences nothing itself ([`store`]). The worker of node K writes through
+//! proxy `(K - 1) % N`, so the paused leader's write goes through a different proxy from
+//! the new leader's, and is still rejected.
 
+mod store;
 mod verdict;
 pub(crate) mod worker;
 
@@ -17,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use palisade_cluster::{
-    CLIENT_CERT_NAME, ChildGuard, Cluster, ClusterOptions, ClusterSpec, LeaderView,
+    CLIENT_CERT_NAME, ChildGuard, Cluster, ClusterOptions, ClusterSpec, Fleet, LeaderView,
     spawn_until_line, wait,
 };
 use palisade_protocol::process::WORKER_READY_LINE;
@@ -37,6 +44,12 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 const WARMUP: Duration = Duration::from_secs(2);
 /// How long the new leader's worker writes after the resume.
 const COOLDOWN: Duration = Duration::from_secs(1);
+/// Most proxies the demo starts in a fleet on one machine.
+const PROXIES_MAX: usize = 5;
+/// A fleet's lease, in raft ticks: well above the nodes' floor of three heartbeat
+/// intervals (one tick each by default), so renewals every third of it keep up on a
+/// loaded machine, and short enough that a failover with a release wait stays quick.
+const LEASE_TICKS: u64 = 10;
 
 /// Run the demonstration: a cluster, a proxy, workers, a GC-paused stale leader, a verdict.
 #[derive(Args)]
@@ -50,6 +63,10 @@ pub(crate) struct DemoArgs {
     /// raft tick in milliseconds for the nodes.
     #[arg(long, default_value_t = 100)]
     tick_ms: u64,
+    /// Number of proxies (1 to 5). More than one runs a fleet: proxies in fleet mode
+    /// holding leases from the cluster, in front of one shared store.
+    #[arg(long, default_value_t = 1, env = "PALISADE_DEMO_PROXIES")]
+    proxies: usize,
     /// Keep the temporary directory (data and logs) instead of removing it.
     #[arg(long)]
     keep: bool,
@@ -65,6 +82,8 @@ struct Demo {
     cluster: Cluster,
     workers: BTreeMap<u64, Worker>,
     observed: Observed,
+    /// The fleet's shared store, when the demo runs more than one proxy.
+    store: Option<store::DemoStore>,
     /// Token to the workers whose writes with it were accepted.
     writers: BTreeMap<u64, BTreeSet<String>>,
     rejections: Vec<String>,
@@ -85,6 +104,12 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         return Err(Failure::Usage(format!(
             "--nodes {} is out of range: {NODES_MIN} to {NODES_MAX}",
             args.nodes
+        )));
+    }
+    if !(1..=PROXIES_MAX).contains(&args.proxies) {
+        return Err(Failure::Usage(format!(
+            "--proxies {} is out of range: 1 to {PROXIES_MAX}",
+            args.proxies
         )));
     }
     if !(args.pause.is_finite() && (0.5..=120.0).contains(&args.pause)) {
@@ -113,22 +138,52 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
 async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     let runtime = |e: palisade_cluster::ClusterError| Failure::Runtime(e.to_string());
     let pause = Duration::from_secs_f64(args.pause);
-    println!(
-        "palisade demo: {} nodes, 1 proxy on its embedded store, a worker beside each node; pause {:.1}s",
-        args.nodes, args.pause
-    );
+    let fleet = args.proxies > 1;
+    if fleet {
+        println!(
+            "palisade demo: {} nodes, a fleet of {} proxies in front of one store, a worker beside each node; pause {:.1}s",
+            args.nodes, args.proxies, args.pause
+        );
+    } else {
+        println!(
+            "palisade demo: {} nodes, 1 proxy on its embedded store, a worker beside each node; pause {:.1}s",
+            args.nodes, args.pause
+        );
+    }
     println!("  (data and logs in {})", dir.display());
     let started = Instant::now();
+    let store = if fleet {
+        Some(
+            store::DemoStore::start()
+                .await
+                .map_err(|e| Failure::Runtime(format!("cannot start the demo's store: {e}")))?,
+        )
+    } else {
+        None
+    };
+    let lease_ms = LEASE_TICKS * args.tick_ms;
     let spec = ClusterSpec {
         nodes: args.nodes,
         node_flags: vec!["--tick-ms".to_owned(), args.tick_ms.to_string()],
-        proxy_flags: Vec::new(),
+        proxy_flags: store
+            .as_ref()
+            .map(|s| vec!["--upstream".to_owned(), s.url()])
+            .unwrap_or_default(),
     };
     let options = ClusterOptions {
         secure: !args.insecure_demo,
+        fleet: fleet.then(|| Fleet::new(args.proxies, lease_ms)),
         ..ClusterOptions::default()
     };
     let cluster = Cluster::start_with(&dir, &spec, &options).map_err(runtime)?;
+    if fleet {
+        println!(
+            "  fleet: every proxy holds a lease of {lease_ms} ms on the current term (renewed from the cluster); a new leader's token is released once every proxy accepted its term, or once every lease certainly expired"
+        );
+        println!(
+            "  fleet: the store behind the proxies fences nothing itself: what it applied is what the fleet admitted"
+        );
+    }
     if cluster.trust.is_some() {
         println!(
             "  secure: signed fencing tokens (nodes sign with token.key, the proxy checks proofs with token.pub)"
@@ -148,16 +203,16 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
         cluster,
         workers: BTreeMap::new(),
         observed: Observed::default(),
+        store,
         writers: BTreeMap::new(),
         rejections: Vec::new(),
     };
-    demo.say(
-        "proxy",
-        &format!(
-            "listening on {} (admin {})",
-            demo.cluster.proxy.addr, demo.cluster.proxy.admin
-        ),
-    );
+    for (i, proxy) in demo.cluster.proxies().into_iter().enumerate() {
+        demo.say(
+            &demo.proxy_name(i),
+            &format!("listening on {} (admin {})", proxy.addr, proxy.admin),
+        );
+    }
     for node in &demo.cluster.nodes {
         demo.say(
             &format!("node {}", node.id()),
@@ -174,7 +229,12 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     demo.say(
         "leader",
         &format!(
-            "node {leader} established with token {old_token}; the proxy's fence is {old_token}"
+            "node {leader} established with token {old_token}; {} {old_token}",
+            if fleet {
+                "every proxy's fence is"
+            } else {
+                "the proxy's fence is"
+            }
         ),
     );
     demo.pump_for(WARMUP).await;
@@ -182,6 +242,7 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     // The pause: wait until the leader's worker holds its token in the middle of a job,
     // then stop the node and its worker together.
     demo.wait_for_holding(leader, old_token).await?;
+    let old_proxy = demo.worker_proxy(leader);
     let paused_at = Instant::now();
     demo.pause(leader)?;
     demo.say(
@@ -198,14 +259,31 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     let failover = paused_at.elapsed();
     let new_token = next.token.unwrap_or(next.term);
     demo.observed.new_token = Some(new_token);
+    let new_proxy = demo.worker_proxy(next.node_id);
     demo.say(
         "leader",
         &format!(
-            "node {} established with token {new_token}; the proxy's fence is {new_token} (failover {:.2}s after SIGSTOP)",
+            "node {} established with token {new_token}; {} {new_token} (failover {:.2}s after SIGSTOP)",
             next.node_id,
+            if fleet {
+                "every proxy's fence is"
+            } else {
+                "the proxy's fence is"
+            },
             failover.as_secs_f64()
         ),
     );
+    if fleet {
+        demo.say(
+            "fleet",
+            &format!(
+                "node {leader}'s worker writes through {}, node {}'s through {}",
+                demo.proxy_name(old_proxy),
+                next.node_id,
+                demo.proxy_name(new_proxy)
+            ),
+        );
+    }
 
     // Resume the old leader after the rest of its pause.
     demo.pump_for(pause.saturating_sub(paused_at.elapsed()))
@@ -254,9 +332,22 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     for r in &demo.rejections {
         println!("    {r}");
     }
+    if fleet {
+        println!(
+            "  fleet: the paused leader's write went through {}, the new leader's through {}{}",
+            demo.proxy_name(old_proxy),
+            demo.proxy_name(new_proxy),
+            if old_proxy == new_proxy {
+                " (the same proxy: more nodes than proxies)"
+            } else {
+                " (different proxies)"
+            }
+        );
+    }
     println!(
-        "  failover: {:.2}s from SIGSTOP of node {leader} until token {new_token} was announced at the proxy",
-        failover.as_secs_f64()
+        "  failover: {:.2}s from SIGSTOP of node {leader} until token {new_token} was announced at the {}",
+        failover.as_secs_f64(),
+        if fleet { "proxies" } else { "proxy" }
     );
     if verdict.holds() {
         println!(
@@ -281,15 +372,34 @@ impl Demo {
         );
     }
 
+    /// How the demo names proxy `i` (by position): "proxy" alone, "proxy N" in a fleet.
+    fn proxy_name(&self, i: usize) -> String {
+        if self.cluster.fleet.is_empty() {
+            "proxy".to_owned()
+        } else {
+            format!("proxy {}", i + 1)
+        }
+    }
+
+    /// The proxy (by position) the worker of node `id` writes through.
+    fn worker_proxy(&self, id: u64) -> usize {
+        usize::try_from(id.saturating_sub(1)).unwrap_or(0) % self.cluster.proxies().len()
+    }
+
     fn start_workers(&mut self, dir: &std::path::Path) -> Result<(), Failure> {
         for node in &self.cluster.nodes {
             let id = node.id();
+            let proxy = self
+                .cluster
+                .proxy_at(self.worker_proxy(id))
+                .unwrap_or(&self.cluster.proxy)
+                .url("");
             let mut args = vec![
                 "demo-worker".to_owned(),
                 "--node".to_owned(),
                 node.api_url(""),
                 "--proxy".to_owned(),
-                self.cluster.proxy.url(""),
+                proxy,
                 "--name".to_owned(),
                 format!("w{id}"),
             ];
@@ -317,9 +427,29 @@ impl Demo {
                 },
             );
         }
+        let through = if self.cluster.fleet.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = self
+                .cluster
+                .nodes
+                .iter()
+                .map(|n| {
+                    format!(
+                        "worker {} through {}",
+                        n.id(),
+                        self.proxy_name(self.worker_proxy(n.id()))
+                    )
+                })
+                .collect();
+            format!(" ({})", names.join(", "))
+        };
         self.say(
             "workers",
-            &format!("{} started, one beside each node", self.workers.len()),
+            &format!(
+                "{} started, one beside each node{through}",
+                self.workers.len()
+            ),
         );
         Ok(())
     }
@@ -362,8 +492,15 @@ impl Demo {
                         ..
                     } => {
                         worker.finished_job = true;
+                        let proxy = if self.cluster.fleet.is_empty() {
+                            "the proxy's".to_owned()
+                        } else {
+                            let i = usize::try_from(id.saturating_sub(1)).unwrap_or(0)
+                                % (self.cluster.fleet.len() + 1);
+                            format!("proxy {}'s", i + 1)
+                        };
                         let line = format!(
-                            "worker {id}'s write {key} with token {token} rejected: 409, the proxy's fence is {current}"
+                            "worker {id}'s write {key} with token {token} rejected: 409, {proxy} fence is {current}"
                         );
                         self.rejections.push(line.clone());
                         said.push(("REJECTED".to_owned(), line));
@@ -413,17 +550,27 @@ impl Demo {
             self.pump();
             if let Some(l) = self.cluster.established_leader(except).await
                 && l.term > above
-                && self.cluster.proxy_fence("default").await == l.token
+                && self.fences_at(l.token).await
             {
                 return Ok(l);
             }
             if Instant::now() > deadline {
                 return Err(Failure::Runtime(format!(
-                    "no leader with a token above {above} was announced at the proxy within {STEP_TIMEOUT:?}"
+                    "no leader with a token above {above} was announced at every proxy within {STEP_TIMEOUT:?}"
                 )));
             }
             tokio::time::sleep(wait::POLL).await;
         }
+    }
+
+    /// Whether every proxy's fence is `token`.
+    async fn fences_at(&self, token: Option<u64>) -> bool {
+        for proxy in self.cluster.proxies() {
+            if proxy.fence("default").await != token {
+                return false;
+            }
+        }
+        true
     }
 
     async fn wait_for_holding(&mut self, id: u64, token: u64) -> Result<(), Failure> {
@@ -507,7 +654,8 @@ impl Demo {
         self.pump();
     }
 
-    /// The ledger as the store holds it, in apply order.
+    /// The ledger as the store holds it, in apply order: the fleet's shared store's
+    /// whole apply log, or the listing of the proxy's embedded store.
     async fn ledger(&self) -> Result<Vec<Entry>, Failure> {
         #[derive(Deserialize)]
         struct Listing {
@@ -519,6 +667,9 @@ impl Demo {
             key: String,
             token: u64,
             revision: u64,
+        }
+        if let Some(store) = &self.store {
+            return Ok(store.ledger(worker::LEDGER_PREFIX));
         }
         let path = format!("/{}?list", worker::LEDGER_PREFIX);
         // A plain read: it carries no token, so the token given here is never sent.
