@@ -4,7 +4,8 @@
 //!
 //! Real time except where a test says otherwise; waits are for conditions, with
 //! deadlines.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
+// Test helpers may panic.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 // Metric samples compared here are small integer counts, exact in an f64.
 #![allow(clippy::float_cmp)]
 
