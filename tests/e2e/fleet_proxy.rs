@@ -1,7 +1,9 @@
-//! Fleet mode (`palisade proxy --cluster`): two real proxy processes hold leases from a
-//! lease endpoint and admit writes only under them.
+//! Fleet mode (`palisade proxy --cluster`): real proxy processes hold leases and admit
+//! writes only under them.
 //!
-//! The lease endpoint here is a small in-test server that speaks `POST /v1/lease` as a
+//! One test runs against real `palisade node` processes started with `--lease-ms` and
+//! `--announce` naming the proxies. The others use a lease endpoint that is a small
+//! in-test server that speaks `POST /v1/lease` as a
 //! node does: it grants the term the test sets, refuses proxies it does not list with 403
 //! `unknown-proxy`, and can stall (answer nothing, as a stopped cluster does). The test
 //! plays the new leader's part of the protocol itself: after moving the term it waits the
@@ -284,4 +286,171 @@ async fn unlisted_proxy_gets_no_lease() {
     let view = lease_of(&proxy).await;
     assert!(!view.valid && view.failures >= 1, "{view:?}");
     assert!(upstream.applied().is_empty());
+}
+
+/// The lease the real nodes grant in [`real_cluster_fences_both_proxies_and_stops_writes_when_stopped`].
+const NODE_LEASE_MS: u64 = 1_000;
+
+/// Goal: against real `palisade node` processes started with `--lease-ms` and
+/// `--announce` naming two fleet proxies: the leader's token is admitted at both; after a
+/// leadership transfer the old token is refused at BOTH proxies, also at the one that
+/// took no write from the new leader; with every node stopped (SIGSTOP) writes get 503
+/// lease-expired within one lease plus the renewal wait, and succeed again after SIGCONT;
+/// a proxy whose fleet name the nodes do not list gets 503 unknown-proxy.
+/// Method: pick the proxies' admin ports first (the nodes' `--announce` names them),
+/// start three nodes, then the proxies with `--cluster`; write, try an unlisted proxy,
+/// resign, write, stop all, write until 503, continue all, write until 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let ports = [
+        palisade_cluster::free_port().unwrap(),
+        palisade_cluster::free_port().unwrap(),
+    ];
+    let names = ports.map(|p| format!("http://127.0.0.1:{p}"));
+    let mut node_flags = vec!["--lease-ms".to_owned(), NODE_LEASE_MS.to_string()];
+    for name in &names {
+        node_flags.extend(["--announce".to_owned(), name.clone()]);
+    }
+    let spec = palisade_cluster::ClusterSpec {
+        nodes: 3,
+        node_flags,
+        ..palisade_cluster::ClusterSpec::default()
+    };
+    let options = palisade_cluster::ClusterOptions {
+        announce: false,
+        ..palisade_cluster::ClusterOptions::default()
+    };
+    let cluster = palisade_tests::process::start_cluster(dir.path(), &spec, &options);
+    let urls: Vec<String> = cluster
+        .ids()
+        .into_iter()
+        .map(|id| {
+            cluster
+                .node(id)
+                .unwrap()
+                .api_url("")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let urls = urls.join(",");
+    let start = |name: &str, port: u16| {
+        let upstream = upstream.url();
+        palisade_cluster::ProxyProcess::start_with(
+            &dir.path().join(name),
+            "127.0.0.1:0",
+            &format!("127.0.0.1:{port}"),
+            &["--upstream", &upstream, "--cluster", &urls],
+            &[],
+        )
+        .unwrap()
+    };
+    let a = start("a", ports[0]);
+    let b = start("b", ports[1]);
+
+    let first = until("an established leader with its token", WAIT, || async {
+        cluster
+            .established_leader(None)
+            .await
+            .filter(|v| v.token.is_some())
+    })
+    .await;
+    let t1 = first.token.unwrap();
+    for proxy in [&a, &b] {
+        let answer = until("the leader's token admitted", WAIT, || async {
+            let answer = put(&proxy.url("/k"), t1, "first").await;
+            (answer.status == StatusCode::OK).then_some(answer)
+        })
+        .await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+
+    // A proxy the nodes do not list gets no lease: 503, naming the node's refusal.
+    let outsider = {
+        let upstream = upstream.url();
+        palisade_cluster::ProxyProcess::start(
+            &dir.path().join("outsider"),
+            &[
+                "--upstream",
+                &upstream,
+                "--cluster",
+                &urls,
+                "--fleet-name",
+                "http://not-listed.invalid",
+            ],
+        )
+        .unwrap()
+    };
+    let refused = put(&outsider.url("/k"), t1, "outsider").await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        refused.text()
+    );
+    assert!(refused.text().contains(UNKNOWN_PROXY), "{}", refused.text());
+    drop(outsider);
+
+    cluster
+        .node(first.node_id)
+        .unwrap()
+        .api()
+        .resign()
+        .await
+        .unwrap();
+    let second = until("a new leader's released token", WAIT, || async {
+        cluster
+            .established_leader(Some(first.node_id))
+            .await
+            .filter(|v| v.token.is_some_and(|t| t > t1))
+    })
+    .await;
+    let t2 = second.token.unwrap();
+    let answer = put(&a.url("/k"), t2, "second").await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let stale = put(&b.url("/k"), t1, "late first").await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.text());
+    assert_eq!(stale.problem().unwrap().current, Some(t2));
+
+    for id in cluster.ids() {
+        cluster.node(id).unwrap().guard.pause().unwrap();
+    }
+    let stopped = Instant::now();
+    let refused = until(
+        "a 503 lease-expired with every node stopped",
+        WAIT,
+        || async {
+            let answer = put(&a.url("/k"), t2, "while stopped").await;
+            (answer.status == StatusCode::SERVICE_UNAVAILABLE).then_some(answer)
+        },
+    )
+    .await;
+    let took = stopped.elapsed();
+    assert_eq!(refused.problem().unwrap().kind(), "lease-expired");
+    // The requirement: within one lease; plus the refused write's own renewal wait (1 s
+    // by default) and slack for loaded test machines.
+    assert!(
+        took < Duration::from_millis(NODE_LEASE_MS + 1_000 + 1_500),
+        "{took:?}"
+    );
+    for id in cluster.ids() {
+        cluster.node(id).unwrap().guard.resume().unwrap();
+    }
+    until("writes admitted again after SIGCONT", WAIT, || async {
+        let token = cluster.established_leader(None).await?.token?;
+        (put(&a.url("/k"), token, "after").await.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    let tokens: Vec<u64> = upstream
+        .applied()
+        .into_iter()
+        .filter_map(|w| w.token?.parse().ok())
+        .collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] <= w[1]),
+        "the storage applied tokens in order: {tokens:?}"
+    );
 }
