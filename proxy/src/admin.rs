@@ -427,4 +427,18 @@ mod tests {
         assert_eq!(s, StatusCode::OK);
         assert_eq!(h[header::CONTENT_TYPE], PROMETHEUS_TEXT);
     }
+
+    /// Goal: a standalone proxy has no lease to show: `GET /v1/lease` is a 404 problem of
+    /// kind leases-off, not an empty view a tool could mistake for a lapsed lease.
+    /// Method: GET it through `oneshot` on a fencer without a lease.
+    #[tokio::test]
+    async fn lease_view_is_404_leases_off_in_standalone_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir);
+        let (s, h, b) = call(&f, Method::GET, LEASE_PATH, "").await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{b}");
+        assert_eq!(h[header::CONTENT_TYPE], PROBLEM_JSON);
+        let problem: Problem = serde_json::from_str(&b).unwrap();
+        assert_eq!(problem.kind(), LEASES_OFF);
+    }
 }
