@@ -233,34 +233,33 @@ cores, rounds, duration, lease = sys.argv[2:6]
 print(f"\nfleet renewals: {cores} cores, 3 nodes with --lease-ms {lease} (tick 100 ms), idle proxies, "
       f"{rounds} rounds of {duration} s per fleet size; medians over the rounds\n")
 names = sorted({k for r in rows for k in r["node_rates"]})
-pnames = sorted({k for r in rows for k in r["proxy_rates"]})
 sizes = sorted({r["proxies"] for r in rows})
 med = lambda xs: statistics.median(xs) if xs else float("nan")
-head = ("| proxies | nodes CPU % of a core | leader CPU % | nodes above 0 proxies, per proxy | "
-        "nodes CPU % from ticks | proxies CPU % |")
-head += "".join(f" leader {n} /s |" for n in names) + "".join(f" proxies {n} /s |" for n in pnames)
-print(head)
-print("|" + "---|" * (6 + len(names) + len(pnames)))
+def rate(r, side, prefix, exclude=None):
+    return sum(v for k, v in r[side].items() if k.startswith(prefix) and (exclude is None or exclude not in k))
+grants = lambda r: rate(r, "node_rates", "palisade_node_lease_grants_total")
+rounds_ = lambda r: rate(r, "node_rates", "palisade_node_lease_rounds_total")
+renewed = lambda r: rate(r, "proxy_rates", "palisade_proxy_lease_renewals_total{outcome=\"granted\"")
+# Everything else counted as lease traffic: refusals, failed renewals, lapsed leases.
+other = lambda r: (rate(r, "node_rates", "palisade_node_lease_refusals_total")
+                   + rate(r, "proxy_rates", "palisade_proxy_lease_", "outcome=\"granted\""))
+print("| proxies | leases granted by the leader /s | ReadIndex rounds /s | grants per round | "
+      "proxies' granted renewals /s | refusals, failures /s | nodes CPU % of a core | leader CPU % | "
+      "nodes CPU above 0 proxies, per proxy | nodes CPU % from ticks | proxies CPU % |")
+print("|" + "---|" * 11)
 by = {n: [r for r in rows if r["proxies"] == n] for n in sizes}
-base = med([r["nodes_cpu_pct"] for r in by.get(0, [])]) if 0 in by else None
+base = med([r["nodes_cpu_pct"] for r in by[0]]) if 0 in by else None
 for n in sizes:
     rs = by[n]
     cpu = med([r["nodes_cpu_pct"] for r in rs])
     per = f"{(cpu - base) / n:.3f}" if base is not None and n > 0 else ""
-    line = (f"| {n} | {cpu:.3f} | {med([r['leader_cpu_pct'] for r in rs]):.3f} | {per} | "
-            f"{med([r['nodes_ticks_pct'] for r in rs]):.2f} | {med([r['proxies_cpu_pct'] for r in rs]):.2f} |")
-    line += "".join(f" {med([r['node_rates'].get(k, 0) for r in rs]):.2f} |" for k in names)
-    line += "".join(f" {med([r['proxy_rates'].get(k, 0) for r in rs]):.2f} |" for k in pnames)
-    print(line)
-grants = [k for k in names if k.startswith("palisade_node_lease_grants_total")]
-rounds_ = [k for k in names if k.startswith("palisade_node_lease_rounds_total")]
-if grants and rounds_:
-    print("\nleases granted per ReadIndex round at the leader (batching): " + ", ".join(
-        f"{n} proxies: {med([sum(r['node_rates'].get(k, 0) for k in grants) / max(1e-9, sum(r['node_rates'].get(k, 0) for k in rounds_)) for r in by[n]]):.2f}"
-        for n in sizes if n > 0))
-if not names:
-    print("\nthe node exposes no lease metric (no counter matching lease|renew|read_index): "
-          "renewals reaching the leader are not counted on the node side")
+    g, ro = med([grants(r) for r in rs]), med([rounds_(r) for r in rs])
+    gpr = f"{med([grants(r) / rounds_(r) for r in rs if rounds_(r) > 0]):.2f}" if any(rounds_(r) > 0 for r in rs) else ""
+    print(f"| {n} | {g:.2f} | {ro:.2f} | {gpr} | {med([renewed(r) for r in rs]):.2f} | "
+          f"{med([other(r) for r in rs]):.2f} | {cpu:.3f} | {med([r['leader_cpu_pct'] for r in rs]):.3f} | {per} | "
+          f"{med([r['nodes_ticks_pct'] for r in rs]):.2f} | {med([r['proxies_cpu_pct'] for r in rs]):.2f} |")
+if not any(k.startswith("palisade_node_lease_") for k in names):
+    print("\nthe node exposes no lease metric: renewals reaching the leader are not counted on the node side")
 lost = [r for r in rows if not r["still_leader"]]
 if lost:
     print(f"\n{len(lost)} windows ended with a different leader: their figures include an election")
