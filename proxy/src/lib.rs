@@ -263,6 +263,11 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         move |req, peer| service::handle(Arc::clone(&shared), req, peer),
     ));
     let fleet_name = config.fleet_name_for(admin);
+    if fleet.is_some() && config.fleet_name.is_none() && admin.ip().is_unspecified() {
+        tracing::warn!(fleet_name = %fleet_name,
+            "fleet mode with the admin API on an unspecified address: the nodes' --announce \
+             cannot name {fleet_name}, so set --fleet-name to the URL they list");
+    }
     if let Some((lease, nodes)) = fleet {
         let renewer = fleet::Renewer {
             lease,
