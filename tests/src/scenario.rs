@@ -130,7 +130,9 @@ impl Scenario {
     }
 
     /// [`start`](Self::start), with each node in its own network namespace of `net` (and
-    /// the proxy on the test side of it) when given.
+    /// the proxy on the test side of it) when given. With a fleet and more namespaces than
+    /// nodes, the namespaces after the nodes' hold the proxies, one each (the others stay
+    /// on the test side); the recording upstream listens on the test side.
     pub async fn start_on(spec: &ScenarioSpec, net: Option<NetnsNet>) -> Self {
         if spec.stop_workers {
             palisade_cluster::require_failpoints().unwrap_or_else(|e| panic!("{e}"));
@@ -139,7 +141,12 @@ impl Scenario {
             .prefix("palisade-t60-")
             .tempdir()
             .unwrap();
-        let upstream = RecordingUpstream::start().await;
+        // With namespaces, the upstream listens on the test side of their bridge, which
+        // proxies inside a namespace of their own reach as well as those outside.
+        let upstream = match &net {
+            Some(net) => RecordingUpstream::start_on(net.host_ip()).await,
+            None => RecordingUpstream::start().await,
+        };
         let mut proxy_flags = vec!["--upstream".to_owned(), upstream.url()];
         proxy_flags.extend(spec.proxy_flags.iter().cloned());
         let cluster_spec = ClusterSpec {
@@ -161,8 +168,15 @@ impl Scenario {
             ..ClusterOptions::default()
         };
         if let Some(net) = &net {
-            options.node_hosts = net.node_hosts();
+            let hosts = net.node_hosts();
+            options.node_hosts.clone_from(&hosts);
             options.proxy_host = net.host_ip();
+            // Namespaces beyond the nodes' hold the fleet's proxies, one each.
+            if let Some(fleet) = &mut options.fleet {
+                for (i, host) in hosts.into_iter().skip(spec.nodes).enumerate() {
+                    fleet.proxy_hosts.insert(i, host);
+                }
+            }
         }
         let cluster = crate::process::start_cluster(dir.path(), &cluster_spec, &options);
         let mut workers = BTreeMap::new();

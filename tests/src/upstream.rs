@@ -145,18 +145,22 @@ impl Drop for RecordingUpstream {
 impl RecordingUpstream {
     /// Starts on a free loopback port.
     pub async fn start() -> Self {
-        Self::start_with(false).await
+        Self::start_with(false, std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// Starts on a free port of `ip`: the test side of a network of namespaces, for
+    /// proxies that run inside one.
+    pub async fn start_on(ip: std::net::IpAddr) -> Self {
+        Self::start_with(false, ip).await
     }
 
     /// Starts on a free loopback port, keeping only each body's length and SHA-256.
     pub async fn start_counting() -> Self {
-        Self::start_with(true).await
+        Self::start_with(true, std::net::Ipv4Addr::LOCALHOST.into()).await
     }
 
-    async fn start_with(counting: bool) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind upstream");
+    async fn start_with(counting: bool, ip: std::net::IpAddr) -> Self {
+        let listener = TcpListener::bind((ip, 0)).await.expect("bind upstream");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State {
             counting,

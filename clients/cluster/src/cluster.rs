@@ -80,6 +80,10 @@ pub struct Fleet {
     /// proxy's `--fleet-name`, instead of its own admin URL. A test points it at a relay
     /// in front of the proxy's admin listener, to cut the cluster off from that proxy.
     pub fleet_names: BTreeMap<usize, String>,
+    /// Per proxy (by position): where it listens and how it is run (`ip netns exec NS`:
+    /// a proxy in a network namespace of its own, which a test can cut off from the
+    /// nodes with drop rules); absent: on [`ClusterOptions::proxy_host`], run directly.
+    pub proxy_hosts: BTreeMap<usize, NodeHost>,
 }
 
 impl Fleet {
@@ -92,6 +96,7 @@ impl Fleet {
             lease_write_bound_ms: None,
             cluster_urls: BTreeMap::new(),
             fleet_names: BTreeMap::new(),
+            proxy_hosts: BTreeMap::new(),
         }
     }
 
@@ -197,18 +202,27 @@ impl Cluster {
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
-        let any_port = SocketAddr::new(options.proxy_host, 0).to_string();
         let count = options.fleet.as_ref().map_or(1, |f| f.proxies.max(1));
         let mut proxies = Vec::with_capacity(count);
         let mut announce = Vec::with_capacity(count);
         for i in 0..count {
             let mut flags = base_flags.clone();
+            let at = options
+                .fleet
+                .as_ref()
+                .and_then(|f| f.proxy_hosts.get(&i).cloned())
+                .unwrap_or_else(|| NodeHost {
+                    ip: options.proxy_host,
+                    prefix: Vec::new(),
+                });
+            let any_port = SocketAddr::new(at.ip, 0).to_string();
             let mut admin_listen = any_port.clone();
             let mut name = None;
             if let Some(fleet) = &options.fleet {
                 // The admin port is chosen in advance: its URL is the proxy's name in the
-                // fleet, which it must be told before it starts.
-                let admin = SocketAddr::new(options.proxy_host, free_port()?);
+                // fleet, which it must be told before it starts. (A port free here is
+                // free in a namespace of its own too: that one has no sockets at all.)
+                let admin = SocketAddr::new(at.ip, free_port()?);
                 admin_listen = admin.to_string();
                 let fleet_name = fleet
                     .fleet_names
@@ -240,8 +254,14 @@ impl Cluster {
                 dir.join(format!("proxy-{}", i + 1))
             };
             let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            let mut proxy =
-                ProxyProcess::start_with(&proxy_dir, &any_port, &admin_listen, &flags, &proxy_env)?;
+            let mut proxy = ProxyProcess::start_in(
+                &proxy_dir,
+                &any_port,
+                &admin_listen,
+                &flags,
+                &proxy_env,
+                &at.prefix,
+            )?;
             if let Some(trust) = &trust {
                 proxy.set_admin_bearer(trust.admin_token());
             }

@@ -62,6 +62,19 @@ impl ProxyProcess {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::start_in(dir, listen, admin, extra, env, &[])
+    }
+
+    /// [`start_with`](Self::start_with), run through the command `prefix` (`ip netns
+    /// exec NS`: a proxy in a network namespace of its own); empty: run directly.
+    pub fn start_in(
+        dir: &Path,
+        listen: &str,
+        admin: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        prefix: &[String],
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|source| ClusterError::Io {
             what: format!("create {}", dir.display()),
             source,
@@ -80,7 +93,7 @@ impl ProxyProcess {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-            prefix: Vec::new(),
+            prefix: prefix.to_vec(),
         };
         let (guard, addr, admin, lines) = Self::spawn(dir, &launch)?;
         let admin_client = admin_client(admin)?;
