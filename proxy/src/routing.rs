@@ -387,6 +387,16 @@ fn segment_scope(path: &str, n: usize) -> Result<String, String> {
 /// keys; nginx removes them), so a path is only safe to route when every reading falls
 /// in the same route and scope. Refuses what no reading can make unambiguous.
 fn readings(raw: &str) -> Result<Vec<String>, ProxyError> {
+    // Most paths need no decoding and have nothing to remove: their three readings are
+    // the path itself, and one scan says so (this is on every request's path).
+    if is_plain(raw) {
+        return Ok(vec![raw.to_owned()]);
+    }
+    all_readings(raw)
+}
+
+/// [`readings`] worked out in full.
+fn all_readings(raw: &str) -> Result<Vec<String>, ProxyError> {
     let decoded = decode(raw)?;
     let segments: Vec<&str> = decoded.split('/').skip(1).collect();
     for segment in &segments {
@@ -404,6 +414,18 @@ fn readings(raw: &str) -> Result<Vec<String>, ProxyError> {
     let mut out = vec![join(&collapse_first), join(&dots_first), decoded];
     out.dedup();
     Ok(out)
+}
+
+/// Whether every reading of `raw` is `raw` itself: an absolute path of plain bytes, no
+/// percent-encoding, no backslash, no path parameter, no empty segment and no dot
+/// segment. Such a path is also one `decode` accepts unchanged.
+fn is_plain(raw: &str) -> bool {
+    raw.starts_with('/')
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'%' | b'\\' | b';'))
+        && !raw.contains("//")
+        && raw.split('/').skip(1).all(|seg| seg != "." && seg != "..")
 }
 
 /// The normalised form of a raw path, as routes see it: percent-decoded unreserved

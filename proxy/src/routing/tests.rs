@@ -465,3 +465,44 @@ fn reserved_scopes_are_default_and_route_scopes() {
         vec!["default".to_owned(), "x".to_owned()]
     );
 }
+
+/// Goal: the fast path for plain paths changes no decision: every path it takes has the
+/// path itself as its only reading, and the paths it declines still go through the full
+/// rules.
+/// Method: compare the fast answer with the full readings for plain paths, including a
+/// root, a trailing slash and dots inside segment names; check that paths with encoding,
+/// empty or dot segments, parameters or backslashes are declined.
+#[test]
+fn plain_paths_take_the_fast_path_with_the_same_readings() {
+    for plain in [
+        "/",
+        "/a",
+        "/billing/",
+        "/billing/a",
+        "/bucket/key.tar.gz",
+        "/a/.hidden/..x/b.",
+        "/v3/kv/range",
+        "/x/y/z/",
+    ] {
+        assert!(is_plain(plain), "{plain} should be plain");
+        let full = all_readings(plain).unwrap();
+        assert_eq!(full, vec![plain.to_owned()], "{plain}");
+        assert_eq!(readings(plain).unwrap(), full, "{plain}");
+    }
+    for not_plain in [
+        "",
+        "a/b",
+        "//a",
+        "/a//b",
+        "/./a",
+        "/a/..",
+        "/a/../b",
+        "/%62illing",
+        "/a;x",
+        "/a\\b",
+        "/a b",
+        "*",
+    ] {
+        assert!(!is_plain(not_plain), "{not_plain:?} should not be plain");
+    }
+}
