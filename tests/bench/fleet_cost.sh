@@ -73,6 +73,8 @@ fleet_pid="$(pgrep -g "$SPAWNED" -x palisade)"
 spawn node "${pin_side[@]}" "$PALISADE" node --id 1 --peers "1=127.0.0.1:$node_raft" \
   --api "127.0.0.1:$node_api" --data-dir "$BENCH_WORK/node-data" \
   --lease-ms "$LEASE_MS" --announce "$fleet_url"
+# Its pid once it runs as palisade (taskset execs it; before that, pgrep finds nothing).
+wait_for_line "$BENCH_WORK/node.out" "listening on"
 node_pid="$(pgrep -g "$SPAWNED" -x palisade)"
 view=""
 for _ in $(seq 300); do
