@@ -253,6 +253,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         h2_streams_max: limits.h2_streams_max,
         drain_timeout: Duration::from_millis(limits.drain_timeout_ms),
         tls,
+        upgrades: config.routes.iter().any(|r| r.upgrade),
     };
     let admin_limits = admin::limits(limits, client_settings.drain_timeout);
     let mut tasks = JoinSet::new();

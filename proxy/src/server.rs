@@ -57,6 +57,10 @@ pub(crate) struct ListenerSettings {
     pub h2_streams_max: u32,
     pub drain_timeout: Duration,
     pub tls: Option<TlsAcceptor>,
+    /// Whether some route allows upgrades (`upgrade = true`). Only then are connections
+    /// served with hyper's upgrade support, which costs every request a little; without
+    /// it the service still refuses every upgrade before anything is forwarded.
+    pub upgrades: bool,
 }
 
 impl ListenerSettings {
@@ -150,24 +154,25 @@ pub(crate) async fn serve<H, F>(
         tokio::spawn(async move {
             let gauge = metrics::gauge!(m::CONNECTIONS, "listener" => settings.name);
             gauge.increment(1.0);
-            // With upgrades, so a route with `upgrade = true` can be tunnelled; the
-            // service refuses every other upgrade before anything is forwarded.
-            let result = match &settings.tls {
-                None => {
-                    admitted
-                        .serve(
-                            builder.serve_connection_with_upgrades(TokioIo::new(stream), service),
-                        )
-                        .await
-                }
-                Some(acceptor) => match admitted.handshake(acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => {
+            // hyper's upgrade support only where a route allows upgrades (see
+            // `ListenerSettings::upgrades`); the two connection types differ, so each
+            // branch is written out.
+            let upgrades = settings.upgrades;
+            macro_rules! serve_io {
+                ($io:expr) => {
+                    if upgrades {
                         admitted
-                            .serve(
-                                builder.serve_connection_with_upgrades(TokioIo::new(tls), service),
-                            )
+                            .serve(builder.serve_connection_with_upgrades($io, service))
                             .await
+                    } else {
+                        admitted.serve(builder.serve_connection($io, service)).await
                     }
+                };
+            }
+            let result = match &settings.tls {
+                None => serve_io!(TokioIo::new(stream)),
+                Some(acceptor) => match admitted.handshake(acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => serve_io!(TokioIo::new(tls)),
                     Ok(Err(e)) => Err(e.into()),
                     Err(stopped) => Err(stopped.into()),
                 },
