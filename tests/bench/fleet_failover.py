@@ -21,6 +21,7 @@ stdout; progress on stderr.
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -262,6 +263,8 @@ def main():
     ap.add_argument("--poll-ms", type=int, default=10)
     ap.add_argument("--settle-ms", type=int, default=1000)
     ap.add_argument("--budget-s", type=int, default=300)
+    ap.add_argument("--jitter-ms", type=int, default=None,
+                    help="random extra settle time, up to this (default: lease_ms / 3, the renewal period)")
     ap.add_argument("--fleet-name", action="store_true", help="pass --fleet-name (the admin URL) to each proxy")
     ap.add_argument("--node-cpus", default=None)
     ap.add_argument("--proxy-cpus", default=None)
@@ -282,7 +285,11 @@ def main():
                 f"elected {fmt(t['elected_ms'])} ms, released {fmt(t['released_ms'])} ms, "
                 f"admitted at proxy {t['proxy']} {fmt(t['admitted_ms'])} ms; refusals {t['refusals']}; "
                 f"released by {t['released_by']}")
-            time.sleep(a.settle_ms / 1000.0)
+            # A random extra wait of up to a third of the lease (the proxies' renewal
+            # period), so the pause lands at a random moment of their renewal cycle: a
+            # fixed wait would pause the leader at the same phase every trial.
+            jitter = a.lease_ms / 3 if a.jitter_ms is None else a.jitter_ms
+            time.sleep((a.settle_ms + random.uniform(0, jitter)) / 1000.0)
     finally:
         fleet.stop()
     def med(key):

@@ -7,8 +7,10 @@
 # a new leader is elected; its token is released (its leader view shows it: every proxy
 # acknowledged the term, or the lease wait passed); a write carrying that token is
 # admitted through a proxy (2xx from the upstream). Then SIGCONT, let the fleet settle,
-# repeat. Blocks of trials alternate between the configurations, each block on a fresh
-# cluster; the report gives medians and maxima over all trials.
+# and repeat after a random extra wait of up to lease_ms / 3, so that the pause falls at
+# a random moment of the proxies' renewal cycle. Blocks of trials alternate between the
+# configurations, each block on a fresh cluster; the report gives medians and maxima
+# over all trials.
 #
 # Heartbeat 100 ms and election timeout 1000 ms (randomized up to twice that), as in
 # failover.sh. The nodes run on CPU 0 and the proxies, the upstream and the driver on
