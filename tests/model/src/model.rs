@@ -24,7 +24,7 @@
 //! as `--lease-write-bound-ms`.
 use std::collections::BTreeSet;
 
-use stateright::{Model, Property};
+use stateright::{Model, Property, Representative};
 
 /// The name of the safety invariant: the storage never applies a write with a lower
 /// token after it has applied one with a higher token.
@@ -229,6 +229,81 @@ pub struct FleetState {
     pub out_of_order: bool,
     /// Whether a term-1 write was applied after leader 2's election.
     pub old_applied_after_election: bool,
+}
+
+impl Msg {
+    /// The proxy the message is from or to.
+    fn proxy(self) -> u8 {
+        match self {
+            Self::LeaseRequest { proxy, .. }
+            | Self::LeaseGrant { proxy, .. }
+            | Self::Announce { proxy }
+            | Self::Ack { proxy }
+            | Self::Write { proxy, .. } => proxy,
+        }
+    }
+
+    /// The same message, from or to another proxy.
+    fn with_proxy(self, to: u8) -> Self {
+        match self {
+            Self::LeaseRequest { age, .. } => Self::LeaseRequest { proxy: to, age },
+            Self::LeaseGrant { term, age, .. } => Self::LeaseGrant {
+                proxy: to,
+                term,
+                age,
+            },
+            Self::Announce { .. } => Self::Announce { proxy: to },
+            Self::Ack { .. } => Self::Ack { proxy: to },
+            Self::Write { token, .. } => Self::Write { proxy: to, token },
+        }
+    }
+}
+
+/// The proxies are interchangeable: a state with two proxies' roles swapped (their
+/// state, their acknowledgement, their messages) behaves the same. The representative
+/// orders the proxies by all they hold, so the checker visits one state per class
+/// (symmetry reduction, for the depth-first check).
+impl Representative for FleetState {
+    fn representative(&self) -> Self {
+        let proxies = self.proxies.len();
+        let key = |proxy: usize| {
+            let id = proxy as u8;
+            let messages: Vec<Msg> = self
+                .net
+                .iter()
+                .filter(|msg| msg.proxy() == id)
+                .map(|msg| msg.with_proxy(0))
+                .collect();
+            (
+                self.proxies[proxy].clone(),
+                self.acked & (1 << proxy) != 0,
+                messages,
+            )
+        };
+        let mut order: Vec<usize> = (0..proxies).collect();
+        order.sort_by_cached_key(|&proxy| key(proxy));
+        // `order[new] = old`; `place[old] = new`.
+        let mut place = vec![0_u8; proxies];
+        for (new, &old) in order.iter().enumerate() {
+            place[old] = new as u8;
+        }
+        let mut acked = 0;
+        for (old, &new) in place.iter().enumerate() {
+            if self.acked & (1 << old) != 0 {
+                acked |= 1 << new;
+            }
+        }
+        Self {
+            acked,
+            proxies: order.iter().map(|&old| self.proxies[old].clone()).collect(),
+            net: self
+                .net
+                .iter()
+                .map(|msg| msg.with_proxy(place[usize::from(msg.proxy())]))
+                .collect(),
+            ..self.clone()
+        }
+    }
 }
 
 /// One step of the system.
