@@ -332,7 +332,6 @@ fn count_forwarded(class: Class) {
     }
 }
 
-/// The request's `Fencing-Token`, parsed by the protocol's one rule; a bad one is 400.
 /// Refuses an HTTP/1 request head over `limits.header_bytes_max` (431), counted as it
 /// was sent: the request line and each header line with their separators. HTTP/2 heads
 /// are bounded by the connection's `max_header_list_size` instead.
@@ -353,6 +352,7 @@ fn check_head_size(parts: &http::request::Parts, max: usize) -> Result<(), Proxy
     Ok(())
 }
 
+/// The request's `Fencing-Token`, parsed by the protocol's one rule; a bad one is 400.
 fn token_of(headers: &HeaderMap) -> Result<Option<u64>, ProxyError> {
     parse_token_header(headers).map_err(|reason| ProxyError::BadToken { reason })
 }
