@@ -85,6 +85,13 @@ pub struct Bounds {
     pub new_writes: u8,
     /// The release rule under test.
     pub wait: ReleaseWait,
+    /// A broken variant when true: a proxy whose exchange with the storage ends
+    /// without an answer (a reset connection, a timeout) drops the write from its
+    /// in-flight set at once, while the storage may still apply it within the write
+    /// bound. The barrier, and so an acknowledgement, then no longer means that the
+    /// proxy's lower writes have landed. As designed (false), such a write stays in the
+    /// in-flight set until its write bound has passed.
+    pub barrier_lets_go_on_error: bool,
 }
 
 impl Bounds {
@@ -99,6 +106,7 @@ impl Bounds {
             old_writes: 1,
             new_writes: 1,
             wait: ReleaseWait::Full,
+            barrier_lets_go_on_error: false,
         }
     }
 
@@ -222,6 +230,10 @@ pub struct FleetState {
     pub proxies: Vec<ProxyState>,
     /// The network.
     pub net: BTreeSet<Msg>,
+    /// Forwarded writes the proxy has given up on (only with
+    /// [`Bounds::barrier_lets_go_on_error`]) that the storage may still apply within
+    /// their write bound, sorted.
+    pub orphans: Vec<Forward>,
     /// The highest token the storage has applied (0: none yet).
     pub highest_applied: u8,
     /// Whether the storage has applied a token lower than one it applied before: the
@@ -346,6 +358,20 @@ pub enum Action {
     /// A message is lost, or a proxy refuses a write (409, 503, a timeout): both take
     /// it out of the network with no other effect.
     Drop(Msg),
+    /// The proxy's exchange with the storage ends without an answer and it drops the
+    /// write from its in-flight set; the write may still reach the storage (only with
+    /// [`Bounds::barrier_lets_go_on_error`]).
+    GiveUp {
+        /// The proxy.
+        proxy: u8,
+        /// The write's index in the proxy's in-flight set.
+        index: u8,
+    },
+    /// The storage applies a write whose proxy gave up on it.
+    ApplyOrphan {
+        /// The write's index in the orphans.
+        index: u8,
+    },
     /// The storage applies a proxy's forwarded write.
     Apply {
         /// The proxy.
@@ -433,6 +459,7 @@ impl FleetModel {
             .proxies
             .iter()
             .any(|proxy| proxy.in_flight.iter().any(|forward| forward.token == 1))
+            || state.orphans.iter().any(|forward| forward.token == 1)
             || (state.old_writes_left > 0 && state.proxies.iter().any(open))
             || state.net.iter().any(|msg| {
                 matches!(*msg, Msg::Write { proxy, token: 1 } if open(&state.proxies[usize::from(proxy)]))
@@ -443,6 +470,7 @@ impl FleetModel {
                 .proxies
                 .iter()
                 .any(|proxy| proxy.in_flight.iter().any(|forward| forward.token == 2))
+            || state.orphans.iter().any(|forward| forward.token == 2)
             || state
                 .net
                 .iter()
@@ -465,6 +493,9 @@ impl FleetModel {
     /// its write bound (the storage applies it first).
     fn tick(&self, state: &mut FleetState) -> Option<()> {
         let lease_max = self.bounds.lease_max_ticks();
+        for forward in &mut state.orphans {
+            forward.left = forward.left.checked_sub(1)?;
+        }
         for proxy in &mut state.proxies {
             for forward in &mut proxy.in_flight {
                 forward.left = forward.left.checked_sub(1)?;
@@ -521,6 +552,7 @@ impl Model for FleetModel {
                 self.bounds.proxies
             ],
             net: BTreeSet::new(),
+            orphans: Vec::new(),
             highest_applied: 0,
             out_of_order: false,
             old_applied_after_election: false,
@@ -568,7 +600,16 @@ impl Model for FleetModel {
                     proxy: id,
                     index: index as u8,
                 });
+                if self.bounds.barrier_lets_go_on_error {
+                    actions.push(Action::GiveUp {
+                        proxy: id,
+                        index: index as u8,
+                    });
+                }
             }
+        }
+        for index in 0..state.orphans.len() {
+            actions.push(Action::ApplyOrphan { index: index as u8 });
         }
         for msg in &state.net {
             match *msg {
@@ -661,6 +702,17 @@ impl Model for FleetModel {
             }
             Action::Drop(msg) => {
                 state.net.remove(&msg);
+            }
+            Action::GiveUp { proxy, index } => {
+                let forward = state.proxies[usize::from(proxy)]
+                    .in_flight
+                    .remove(usize::from(index));
+                state.orphans.push(forward);
+                state.orphans.sort_unstable();
+            }
+            Action::ApplyOrphan { index } => {
+                let forward = state.orphans.remove(usize::from(index));
+                Self::apply(&mut state, forward.token);
             }
             Action::Apply { proxy, index } => {
                 let forward = state.proxies[usize::from(proxy)]

@@ -214,3 +214,29 @@ fn dropping_the_drift_from_the_wait_lets_a_stale_write_land_last() {
     let last = find_violation("wait without the drift", ReleaseWait::WithoutDrift);
     assert_eq!(last.highest_applied, 2, "the violation is a 1 after a 2");
 }
+
+/// Goal: the acknowledgement shortcut needs the barrier to hold a write until it can no
+/// longer land: a proxy that drops a write from its in-flight set when its exchange with
+/// the storage fails (a reset, a timeout), while the storage may still apply it within
+/// the write bound, acknowledges too early. Method: the model with that behaviour and
+/// the full wait; the checker must find the violation, printed, and it must come
+/// through the acknowledgements (before the wait has passed).
+#[test]
+fn releasing_the_barrier_on_an_upstream_error_lets_a_stale_write_land_last() {
+    let mut bounds = bounds(2, ReleaseWait::Full);
+    bounds.barrier_lets_go_on_error = true;
+    let name = "barrier lets go on an upstream error";
+    let mut outcome = check(name, bounds, Search::Bfs);
+    let Some(path) = outcome.discoveries.remove(PROP_ORDERED) else {
+        panic!("{name}: no counterexample found (done: {})", outcome.done);
+    };
+    let last = print_trace(path);
+    assert!(
+        last.out_of_order,
+        "{name}: the trace does not end in the violation"
+    );
+    assert!(
+        last.since_election < Some(FleetModel::new(bounds).bounds.wait_ticks()),
+        "{name}: the violation comes through the acknowledgements, before the wait"
+    );
+}
