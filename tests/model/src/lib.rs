@@ -18,10 +18,14 @@
 //! # Layout
 //!
 //! - [`model`]: the bounds ([`Bounds`]), the release rule under test ([`ReleaseWait`]),
-//!   the state ([`FleetState`], [`ProxyState`], [`Msg`]), the actions ([`Action`]) and
-//!   the properties ([`FleetModel`]'s `properties`, named by the `PROP_*` consts).
-//! - `tests/fleet.rs`: the exhaustive checks (the protocol as designed) and the
-//!   counterexamples (the release wait removed or shortened).
+//!   the state ([`FleetState`], [`ProxyState`], [`Msg`]), the actions ([`Action`]), the
+//!   properties ([`FleetModel`]'s `properties`, named by the `PROP_*` consts), and the
+//!   symmetry reduction over interchangeable proxies (`Representative` for
+//!   [`FleetState`]).
+//! - `tests/fleet.rs`: the exhaustive checks (the protocol as designed, two proxies by
+//!   default, three with `--ignored`) and the counterexamples (the release wait removed
+//!   or shortened, the barrier letting go of a write the storage may still apply).
+//!   `PALISADE_MODEL_DEEP=1` gives each leader two writes.
 #![deny(missing_docs)]
 
 pub mod model;
