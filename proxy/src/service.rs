@@ -200,6 +200,8 @@ async fn run_phases(
         fail::fail_point!("proxy-before-forward");
         // A body that is empty from the start (most reads) needs no shared state: the
         // guard stays with this task.
+        // Fleet mode: when a write admitted under the lease must have landed, if at all.
+        let hold_until = admitted.as_ref().and_then(|a| a.lease_deadline);
         let (mut exchange, mut admitted) = if body.is_end_stream() {
             (None, admitted)
         } else {
@@ -223,7 +225,27 @@ async fn run_phases(
                         Ok(response)
                     }
                     Ok((response, None)) => Ok(response),
-                    Err(e) => Err(e),
+                    Err(e) => {
+                        // No answer (a timeout, a broken connection): the storage may
+                        // still apply the write. In fleet mode it stays in flight until
+                        // it can no longer land (its lease's end plus the write bound),
+                        // so neither a higher token here nor an acknowledgement of a new
+                        // term (an advance waits at the barrier) passes it meanwhile.
+                        // Its completion is unknown, so it is not judged an overrun.
+                        if let Some(until) = hold_until {
+                            let held = admitted
+                                .take()
+                                .or_else(|| exchange.as_ref().and_then(|x| x.take_admitted()));
+                            if let Some(mut held) = held {
+                                held.lease_deadline = None;
+                                tokio::spawn(async move {
+                                    tokio::time::sleep_until(until).await;
+                                    drop(held);
+                                });
+                            }
+                        }
+                        Err(e)
+                    }
                 }
             }
             Backend::Embedded(store) => {

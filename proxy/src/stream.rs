@@ -28,7 +28,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -131,8 +131,9 @@ pub(crate) struct Exchange {
     /// Whether the body is waiting for its client (then a quiet upstream is not late).
     waiting_for_client: AtomicBool,
     /// The in-flight guard: held until the last holder of the exchange (the forwarding
-    /// task waiting for the answer, or the body still being sent) lets go.
-    _admitted: Option<Admitted>,
+    /// task waiting for the answer, or the body still being sent) lets go, unless the
+    /// forwarding task takes it out to hold it longer ([`Exchange::take_admitted`]).
+    admitted: Mutex<Option<Admitted>>,
 }
 
 impl Exchange {
@@ -141,8 +142,17 @@ impl Exchange {
             started: Instant::now(),
             progress_ms: AtomicU64::new(0),
             waiting_for_client: AtomicBool::new(false),
-            _admitted: admitted,
+            admitted: Mutex::new(admitted),
         })
+    }
+
+    /// Takes the in-flight guard out of the exchange, for a forward whose outcome is
+    /// unknown and must stay in flight for longer than the exchange lives.
+    pub(crate) fn take_admitted(&self) -> Option<Admitted> {
+        self.admitted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     fn progressed(&self) {

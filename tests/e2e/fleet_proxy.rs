@@ -454,3 +454,48 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
         "the storage applied tokens in order: {tokens:?}"
     );
 }
+
+/// Goal: a write whose forward ended without an answer (the upstream broke the
+/// connection) may still be applied by the storage, so in fleet mode it stays in flight
+/// until it can no longer land: its lease's end plus the write bound. An advance to a
+/// new term (the announce, whose acceptance releases a new leader's token) waits for it
+/// instead of passing it at once.
+/// Method: an upstream that closes every connection without answering; a token-5 write
+/// gets 502; at once an advance to 6; it is answered only after at least the write bound
+/// (500 ms by default; 100 ms are left for the time between the lease check and the 502).
+#[tokio::test]
+async fn a_write_without_an_answer_holds_the_barrier_until_it_cannot_land() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = FakeCluster::start(5, &[]).await;
+    let breaker = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let breaker_url = format!("http://{}", breaker.local_addr().unwrap());
+    let closer = tokio::spawn(async move {
+        while let Ok((stream, _)) = breaker.accept().await {
+            drop(stream);
+        }
+    });
+    let proxy = start_proxy(
+        dir.path(),
+        &["--upstream", &breaker_url, "--cluster", &cluster.url()],
+    );
+    // The first write renews the lease, then meets the broken upstream.
+    let lost = put(&proxy.url("/k"), 5, "five").await;
+    assert_eq!(lost.status, StatusCode::BAD_GATEWAY, "{}", lost.text());
+    let failed_at = Instant::now();
+
+    let advance = palisade_tests::client::send(
+        http::Method::POST,
+        &proxy.admin_url("/v1/fences/default"),
+        &[("content-type", "application/json")],
+        r#"{"token":6}"#,
+    )
+    .await;
+    let waited = failed_at.elapsed();
+    assert_eq!(advance.status, StatusCode::OK, "{}", advance.text());
+    assert!(
+        waited >= Duration::from_millis(400),
+        "the advance passed a write of unknown outcome after {waited:?}"
+    );
+    closer.abort();
+}
