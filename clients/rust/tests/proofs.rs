@@ -67,6 +67,8 @@ async fn proxy(dir: &Path, key: &Key) -> ProxyHandle {
         data_dir: dir.join("data"),
         token_pub: vec![key.write_public(dir)],
         admin_token_file: Some(admin_token),
+        // The tests name their scope (`jobs`) with Fencing-Scope.
+        client_scopes: true,
         ..ProxyConfig::default()
     };
     palisade_proxy::start(config).await.unwrap()
