@@ -207,7 +207,10 @@ async fn run_phases(
         } else {
             (Some(Exchange::new(admitted)), None)
         };
-        let body = RequestBody::new(body, &shared.body_limits, body_max, exchange.clone());
+        let mut body = RequestBody::new(body, &shared.body_limits, body_max, exchange.clone());
+        if exchange.is_some() {
+            body.read_ahead().await;
+        }
         let response = match &shared.backend {
             Backend::Http(upstream) => {
                 match upstream

@@ -227,6 +227,9 @@ pub(crate) struct RequestBody<B = Incoming> {
     exchange: Option<Arc<Exchange>>,
     /// Set once the body failed or ended, so it is never polled past that.
     done: bool,
+    /// The first frame (or the body's error), read ahead by [`RequestBody::read_ahead`]
+    /// and handed over on the first poll. A body found empty is simply `done`.
+    ahead: Option<Result<Frame<Bytes>, BodyFault>>,
 }
 
 impl<B> RequestBody<B> {
@@ -256,6 +259,7 @@ impl<B> RequestBody<B> {
             parked: None,
             exchange,
             done: false,
+            ahead: None,
         }
     }
 
@@ -343,6 +347,22 @@ impl<B> RequestBody<B> {
     }
 }
 
+impl<B> RequestBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// Reads the first frame before the body is handed to the upstream client, under
+    /// the same limits as every frame. The client then finds it ready and writes it with
+    /// the request head in one system call, instead of sending the head alone and the
+    /// body after (a small body is usually all in that first frame). Called after
+    /// admission only, so `100 Continue` still goes out only to an admitted write.
+    pub(crate) async fn read_ahead(&mut self) {
+        let next = std::future::poll_fn(|cx| Pin::new(&mut *self).poll_frame(cx)).await;
+        self.ahead = next;
+    }
+}
+
 impl<B> Body for RequestBody<B>
 where
     B: Body<Data = Bytes> + Unpin,
@@ -356,6 +376,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
         let this = self.get_mut();
+        // A frame read ahead keeps the permits it took until the upstream asks again.
+        if let Some(ahead) = this.ahead.take() {
+            return Poll::Ready(Some(ahead));
+        }
         if this.done {
             return Poll::Ready(None);
         }
@@ -419,6 +443,9 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
+        if self.ahead.is_some() {
+            return false;
+        }
         self.done || (self.parked.is_none() && self.inner.is_end_stream())
     }
 
