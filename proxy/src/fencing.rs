@@ -134,6 +134,10 @@ pub(crate) struct Admitted {
     /// `lease_write_bound_ms`). Checked when this drops, which is when the upstream has
     /// answered and the body is done.
     pub lease_deadline: Option<tokio::time::Instant>,
+    /// Fleet mode: when the lease it was admitted under ends. The whole request must
+    /// have reached the upstream by then (a body still arriving is cut off), so that
+    /// only the storage's own time to apply it is left to the write bound.
+    pub lease_expiry: Option<tokio::time::Instant>,
 }
 
 impl Drop for Admitted {
@@ -222,6 +226,7 @@ impl Fencer {
             guard,
             raised,
             lease_deadline: None,
+            lease_expiry: None,
         })
     }
 

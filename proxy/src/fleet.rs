@@ -148,9 +148,14 @@ impl Lease {
         None
     }
 
+    /// When the lease of `snapshot` ends, on tokio's clock.
+    pub(crate) fn expiry(&self, snapshot: Snapshot) -> Instant {
+        self.base + Duration::from_nanos(snapshot.expiry_ns)
+    }
+
     /// When a write admitted under `snapshot` must have completed, on tokio's clock.
     pub(crate) fn overrun_deadline(&self, snapshot: Snapshot) -> Instant {
-        self.base + Duration::from_nanos(snapshot.expiry_ns) + self.write_bound
+        self.expiry(snapshot) + self.write_bound
     }
 
     /// The cluster's scope, once a grant named it.
@@ -335,6 +340,7 @@ pub(crate) async fn admit(
                     && snapshot.term == token
                 {
                     admitted.lease_deadline = Some(lease.overrun_deadline(snapshot));
+                    admitted.lease_expiry = Some(lease.expiry(snapshot));
                     return Ok(admitted);
                 }
                 // Lapsed meanwhile: leave the in-flight set before renewing, since the

@@ -198,16 +198,21 @@ async fn run_phases(
     ctx.forwarding = true;
     let forward = tokio::spawn(async move {
         fail::fail_point!("proxy-before-forward");
+        // Fleet mode: when a write admitted under the lease must have landed, if at all,
+        // and when the whole request must have reached the upstream.
+        let hold_until = admitted.as_ref().and_then(|a| a.lease_deadline);
+        let send_by = admitted.as_ref().and_then(|a| a.lease_expiry);
         // A body that is empty from the start (most reads) needs no shared state: the
         // guard stays with this task.
-        // Fleet mode: when a write admitted under the lease must have landed, if at all.
-        let hold_until = admitted.as_ref().and_then(|a| a.lease_deadline);
         let (mut exchange, mut admitted) = if body.is_end_stream() {
             (None, admitted)
         } else {
             (Some(Exchange::new(admitted)), None)
         };
         let mut body = RequestBody::new(body, &shared.body_limits, body_max, exchange.clone());
+        if let Some(send_by) = send_by {
+            body.cut_off_at(send_by);
+        }
         if exchange.is_some() {
             body.read_ahead().await;
         }

@@ -89,6 +89,12 @@ pub(crate) enum BodyFault {
     /// The client's body broke (the client went away, or sent a malformed chunk).
     #[error("cannot read request body: {0}")]
     Read(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Fleet mode: the lease the write was admitted under ended before its body was
+    /// complete, so it was cut off rather than sent whole after the lease.
+    #[error(
+        "the lease this write was admitted under ended before its body was complete; it was not sent whole"
+    )]
+    LeaseEnded,
     /// The shared body budget was closed. It never is; this fails closed if it were.
     #[error("the body buffer budget (limits.body_buffer_bytes_max) is closed")]
     BudgetClosed,
@@ -103,7 +109,7 @@ impl BodyFault {
                 timeout_ms: *timeout_ms,
             },
             Self::Read(e) => ProxyError::BodyRead(e.to_string()),
-            Self::BudgetClosed => ProxyError::Unavailable(self.to_string()),
+            Self::BudgetClosed | Self::LeaseEnded => ProxyError::Unavailable(self.to_string()),
         }
     }
 
@@ -227,6 +233,9 @@ pub(crate) struct RequestBody<B = Incoming> {
     exchange: Option<Arc<Exchange>>,
     /// Set once the body failed or ended, so it is never polled past that.
     done: bool,
+    /// Fleet mode: the end of the lease the write was admitted under. A body not
+    /// complete by then is cut off, so the upstream never gets it whole.
+    cut_off: Option<Pin<Box<Sleep>>>,
     /// The first frame (or the body's error), read ahead by [`RequestBody::read_ahead`]
     /// and handed over on the first poll. A body found empty is simply `done`.
     ahead: Option<Result<Frame<Bytes>, BodyFault>>,
@@ -260,7 +269,13 @@ impl<B> RequestBody<B> {
             exchange,
             done: false,
             ahead: None,
+            cut_off: None,
         }
+    }
+
+    /// Cuts the body off at `at` if it is not complete by then.
+    pub(crate) fn cut_off_at(&mut self, at: tokio::time::Instant) {
+        self.cut_off = Some(Box::pin(tokio::time::sleep_until(at)));
     }
 
     fn idle_ms(&self) -> u64 {
@@ -382,6 +397,11 @@ where
         }
         if this.done {
             return Poll::Ready(None);
+        }
+        if let Some(cut_off) = &mut this.cut_off
+            && cut_off.as_mut().poll(cx).is_ready()
+        {
+            return this.fail(BodyFault::LeaseEnded);
         }
         // Asked for the next frame: the upstream has taken the last one.
         this.held = None;
@@ -608,5 +628,38 @@ mod tests {
             fault.to_string().contains("limits.body_idle_timeout_ms"),
             "{fault}"
         );
+    }
+
+    /// Goal: in fleet mode a body still arriving when its write's lease ends is cut off,
+    /// even while its client keeps sending, so the upstream never gets it whole after
+    /// the lease; frames before the end pass.
+    /// Method: paused time; a cut-off 100 ms ahead and an idle timeout far longer; a
+    /// frame at once, then frames every 40 ms until the cut-off.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_is_cut_off_when_its_lease_ends() {
+        let limits = BodyLimits::new(None, Duration::from_secs(60), 1024);
+        let (tx, mut body) = fed(&limits);
+        body.cut_off_at(tokio::time::Instant::now() + Duration::from_millis(100));
+        tx.send(data(1)).unwrap();
+        assert!(next(&mut body).await.unwrap().is_ok());
+        let mut passed = 1;
+        let fault = loop {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            tx.send(data(1)).unwrap();
+            match next(&mut body).await.unwrap() {
+                Ok(_) => passed += 1,
+                Err(fault) => break fault,
+            }
+        };
+        assert_eq!(
+            passed, 3,
+            "frames at 0, 40 and 80 ms pass; the one at 120 ms does not"
+        );
+        assert!(matches!(fault, BodyFault::LeaseEnded), "{fault}");
+        assert_eq!(
+            fault.to_proxy_error().status(),
+            http::StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert!(next(&mut body).await.is_none(), "nothing after the cut-off");
     }
 }
