@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Failover, side by side: a 3-node palisade cluster (with a proxy the nodes announce to)
 # and a 3-member etcd cluster, with the same heartbeat (100 ms) and election timeout
-# (1000 ms, randomized by both up to twice that) and pre-vote on in both. Each trial
+# (1000 ms, randomized by both up to twice that), which are each one's defaults, and
+# pre-vote on in both (palisade's default; etcd 3.4's default is off). Each trial
 # pauses the leader with SIGSTOP and times, from the signal:
 #   palisade (`palisade bench failover`): a new leader is elected; its token is at the
 #            proxy (GET /v1/fences/default rose: the paused leader's writes are refused);
@@ -12,7 +13,13 @@
 #
 # Environment (defaults): BENCH_TRIALS (20 per system), BENCH_BLOCKS (2: the trials are
 # split into this many alternating blocks), BENCH_SETTLE_MS (1000), BENCH_POLL_MS (10),
-# BENCH_DIR (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0).
+# BENCH_DIR (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0), BENCH_NO_BUILD (0).
+# BENCH_PALISADE_ARGS (none): flags for every palisade node, space-separated, each as
+# --flag=value (e.g. "--score-oracle=static --election-ticks=5"). With it, the palisade
+# side is run by pole_eval.py's `failover` (which times the same moments the same way
+# and starts `palisade node` with exactly these flags, everything else at the node's
+# defaults) instead of `palisade bench failover`; etcd is unchanged. That is how
+# candidate defaults are measured against etcd before they are made the defaults.
 # Default run time: about 3 minutes plus the build; each block is bounded by `timeout`.
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
@@ -41,10 +48,22 @@ per_block=$(((TRIALS + BLOCKS - 1) / BLOCKS))
 
 for block in $(seq "$BLOCKS"); do
   log "block $block of $BLOCKS: palisade, $per_block trials"
-  spawn "palisade-$block" timeout -s TERM -k 10 "$((BLOCK_BUDGET_S + 30))" \
-    "$PALISADE" bench failover --trials "$per_block" --tick-ms "$TICK_MS" \
-    --heartbeat-ticks $((HEARTBEAT_MS / TICK_MS)) --election-ticks $((ELECTION_MS / TICK_MS)) \
-    --poll-ms "$POLL_MS" --settle-ms "$SETTLE_MS" --budget-s "$BLOCK_BUDGET_S" --json
+  if [ -n "${BENCH_PALISADE_ARGS:-}" ]; then
+    node_args=()
+    for a in $BENCH_PALISADE_ARGS; do
+      node_args+=("--node-arg=$a")
+    done
+    mkdir -p "$BENCH_WORK/palisade-$block"
+    spawn "palisade-$block" timeout -s TERM -k 10 "$((BLOCK_BUDGET_S + 30))" \
+      python3 "$HERE/pole_eval.py" failover --bin "$PALISADE" --work "$BENCH_WORK/palisade-$block" \
+      --trials "$per_block" --poll-ms "$POLL_MS" --settle-ms "$SETTLE_MS" \
+      --budget-s "$BLOCK_BUDGET_S" "${node_args[@]}"
+  else
+    spawn "palisade-$block" timeout -s TERM -k 10 "$((BLOCK_BUDGET_S + 30))" \
+      "$PALISADE" bench failover --trials "$per_block" --tick-ms "$TICK_MS" \
+      --heartbeat-ticks $((HEARTBEAT_MS / TICK_MS)) --election-ticks $((ELECTION_MS / TICK_MS)) \
+      --poll-ms "$POLL_MS" --settle-ms "$SETTLE_MS" --budget-s "$BLOCK_BUDGET_S" --json
+  fi
   wait "$SPAWNED" || die "palisade failover block $block failed: $(tail -5 "$BENCH_WORK/palisade-$block.err")"
   sed 's/^/  /' "$BENCH_WORK/palisade-$block.err" >&2
 
@@ -58,9 +77,10 @@ for block in $(seq "$BLOCKS"); do
   sed 's/^/  /' "$BENCH_WORK/etcd-$block.err" >&2
 done
 
-python3 - "$BENCH_WORK" "$BLOCKS" "$(nproc)" <<'EOF'
+python3 - "$BENCH_WORK" "$BLOCKS" "$(nproc)" "${BENCH_PALISADE_ARGS:-}" <<'EOF'
 import json, statistics, sys
 work, blocks = sys.argv[1], int(sys.argv[2])
+flags = sys.argv[4] or "none (the defaults; `palisade bench failover`)"
 pal = [t for b in range(1, blocks + 1) for t in json.load(open(f"{work}/palisade-{b}.out"))["trials"]]
 etcd = [t for b in range(1, blocks + 1) for t in json.load(open(f"{work}/etcd-{b}.out"))["trials"]]
 def row(name, values):
@@ -70,7 +90,8 @@ def row(name, values):
     m = statistics.median(v)
     return f"| {name} | {len(v)} | {m:.0f} | {min(v):.0f} | {max(v):.0f} |", m
 print(f"\nfailover benchmark: {sys.argv[3]} cores, 3 nodes each, heartbeat 100 ms, "
-      f"election timeout 1000 ms, leader paused with SIGSTOP\n")
+      f"election timeout 1000 ms, leader paused with SIGSTOP\n"
+      f"palisade node flags: {flags}\n")
 print("| moment (from SIGSTOP) | trials | median ms | min ms | max ms |")
 print("|---|---|---|---|---|")
 lines = [row("palisade: new leader elected", (t["elected_ms"] for t in pal)),
@@ -83,4 +104,7 @@ for text, _ in lines:
 if None not in (pe, pa, ee, ew):
     print(f"\nratios of medians: elected palisade/etcd {pe / ee:.2f}; "
           f"token at the proxy / etcd first write {pa / ew:.2f}")
+    pmax = max(t["announced_ms"] for t in pal if t["announced_ms"] is not None)
+    emax = max(t["first_write_ms"] for t in etcd if t["first_write_ms"] is not None)
+    print(f"ratio of maxima: token at the proxy / etcd first write {pmax / emax:.2f}")
 EOF

@@ -29,6 +29,11 @@ need() {
 }
 
 build_palisade() {
+  # BENCH_NO_BUILD=1: use the release binary as it is (say, while the tree does not build).
+  if [ "${BENCH_NO_BUILD:-0}" = 1 ] && [ -x "$PALISADE" ]; then
+    log "not building: using $PALISADE as built $(date -r "$PALISADE" +%H:%M)"
+    return
+  fi
   log "building palisade (release)"
   (cd "$BENCH_ROOT" && cargo build --release -p palisade-cli --quiet)
   [ -x "$PALISADE" ] || die "no binary at $PALISADE"
