@@ -48,7 +48,10 @@ pub use admin::{
     AdvanceRequest, AdvanceResponse, FenceList, FenceView, ResetRequest, ResetResponse,
 };
 pub use lease::{LeaseGrant, LeaseRequest, LeaseView};
-pub use node::{FaultSpec, Health, LeaderView, LongPoll, Role, TransferRequest, Transferred};
+pub use node::{
+    FaultSpec, Health, LeaderView, LongPoll, Member, MemberAdd, MemberList, Role, TransferRequest,
+    Transferred,
+};
 pub use problem::Problem;
 pub use scope::{DEFAULT_SCOPE, SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use store::{KeyList, StoredObject};

@@ -6,6 +6,8 @@
 //! - `GET /metrics`, `GET /healthz` -> [`Health`].
 //! - `GET|POST /v1/test/faults` with [`FaultSpec`]: only on nodes started with
 //!   [`crate::process::TEST_FAULTS_ENV`]` = 1`.
+//! - `GET /v1/members` -> [`MemberList`]; `POST /v1/members` with [`MemberAdd`] and
+//!   `DELETE /v1/members/{id}` -> [`MemberList`] once the change is applied on that node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -22,6 +24,10 @@ pub const TRANSFER_PATH: &str = "/v1/transfer";
 pub const RESIGN_PATH: &str = "/v1/resign";
 /// Test faults on the peer links (test builds of the cluster only).
 pub const TEST_FAULTS_PATH: &str = "/v1/test/faults";
+/// The cluster's members: list (`GET`) and add (`POST`).
+pub const MEMBERS_PATH: &str = "/v1/members";
+/// One member, by id: remove (`DELETE /v1/members/{id}`).
+pub const MEMBER_PATH: &str = "/v1/members/{id}";
 
 /// A node's raft role. raft's pre-candidate is reported as `candidate`: both campaign.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -53,7 +59,7 @@ impl fmt::Display for Role {
 }
 
 /// `GET /v1/leader`: one node's view of leadership.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaderView {
     /// This node's raft id.
     pub node_id: u64,
@@ -81,6 +87,15 @@ pub struct LeaderView {
     /// (every proxy accepted it, or the release wait passed). Absent with leases off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<bool>,
+    /// With `--score-oracle`: the scores this node knows and considers fresh, its own
+    /// included, by node id (`{"1": 20.0, "2": 10.5}`); higher is better. Absent without
+    /// an oracle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scores: Option<BTreeMap<String, f64>>,
+    /// With `--score-oracle`: its name (`static`, `storage-rtt`, `consensus-latency`,
+    /// `rotating`). Absent without an oracle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score_oracle: Option<String>,
 }
 
 /// The query of a long poll on `GET /v1/leader`: answer once the term exceeds
@@ -172,9 +187,68 @@ impl FaultSpec {
     }
 }
 
+/// One member of the cluster, as `GET /v1/members` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Its raft id (never reused once removed).
+    pub id: u64,
+    /// Its peer address, `HOST:PORT`, where the other members reach it.
+    pub peer: String,
+    /// Whether it votes now; `false` while a joint configuration still adds it, or for a
+    /// member that was never a voter. Absent in older answers: then it is a voter.
+    #[serde(default = "default_true")]
+    pub voter: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `GET /v1/members`: `{"members":[{"id":1,"peer":"127.0.0.1:7001"}, ...]}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberList {
+    /// The current members, by id.
+    pub members: Vec<Member>,
+    /// Ids that were removed; they are never accepted again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<u64>,
+    /// The raft index of the last membership change this node applied (0: the initial
+    /// membership).
+    #[serde(default)]
+    pub index: u64,
+    /// Whether a change is under way: the cluster is in a joint configuration (old and new
+    /// voters must both agree) until its leader leaves it. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub joint: bool,
+}
+
+/// `POST /v1/members`: add a member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberAdd {
+    /// The new member's id: not a member now, and never removed before.
+    pub id: u64,
+    /// Its peer address, `HOST:PORT`.
+    pub peer: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal: the member list reads and writes the contract's JSON. Method: parse the
+    /// contract's example (no `voter`, no `removed`), write it back with the defaults.
+    #[test]
+    fn member_list_matches_the_contract() {
+        let text = r#"{"members":[{"id":1,"peer":"127.0.0.1:7001"}]}"#;
+        let list: MemberList = serde_json::from_str(text).unwrap();
+        assert_eq!(list.members.len(), 1);
+        assert!(list.members[0].voter);
+        assert_eq!(
+            serde_json::to_string(&list).unwrap(),
+            r#"{"members":[{"id":1,"peer":"127.0.0.1:7001","voter":true}],"index":0}"#
+        );
+    }
 
     /// Goal: the leader view reads and writes the contract's JSON exactly.
     /// Method: parse the contract's example, write it back.

@@ -11,6 +11,9 @@ use std::net::SocketAddr;
 pub const FAILPOINT_STOP_ENV: &str = "PALISADE_FAILPOINT_STOP";
 /// `1` turns on the node's peer-link test faults and `/v1/test/faults`.
 pub const TEST_FAULTS_ENV: &str = "PALISADE_TEST_FAULTS";
+/// With a number N, `palisade node` keeps only N raft entries behind the applied index and
+/// compacts once N more accumulated (end-to-end tests of snapshots only).
+pub const TEST_LOG_RETAINED_ENV: &str = "PALISADE_TEST_LOG_RETAINED";
 /// The demo's worker process prints this line once it is ready.
 pub const WORKER_READY_LINE: &str = "palisade demo-worker ready";
 
@@ -50,6 +53,14 @@ pub mod events {
 
 /// `palisade proxy listening on ADDR (admin ADDR)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    /// A node applied a membership change (fields `change`: `add`, `remove` or
+    /// `leave-joint`; `member_id`, `peer`, `index`, `voters`).
+    pub const MEMBERSHIP_CHANGED: &str = "membership-changed";
+    /// A node refused to go on because its storage lost entries the cluster had
+    /// acknowledged (its data directory was wiped or replaced); it stops with exit code 1.
+    pub const STORAGE_LOST: &str = "storage-lost";
+    /// A node installed a snapshot from the leader (field `index`).
+    pub const SNAPSHOT_APPLIED: &str = "snapshot-applied";
 pub struct ProxyReady {
     /// The client listener.
     pub listen: SocketAddr,

@@ -11,16 +11,22 @@
 //! - `fence`: the fence register, scope to highest admitted token; memory-served reads, fsynced raises.
 //! - `objects`: the embedded object store, the proxy's default backing storage.
 //! - `raftlog`: `raft::Storage` on redb, one write transaction per raft `Ready`.
+//! - `members`: the election cluster's members table (ids, peer addresses, removed ids),
+//!   stored next to the raft log and carried in its snapshots.
 #![deny(missing_docs)]
 
 mod db;
 mod fence;
+mod members;
 mod objects;
 mod raftlog;
 mod tables;
 
 pub use db::{OpenError, open_database};
 pub use fence::{Advance, AdvanceError, FenceRegister, SCOPES_MAX_DEFAULT};
+pub use members::{
+    MEMBER_PEER_BYTES_MAX, MEMBERS_TABLE_ENTRIES_MAX, MemberRecord, MembersError, MembersTable,
+};
 pub use objects::{OBJECT_BYTES_MAX_DEFAULT, Object, ObjectError, ObjectMeta, ObjectStore};
 pub use raftlog::ReadyWrite;
 pub use raftlog::{RaftLog, RaftLogError};

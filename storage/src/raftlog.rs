@@ -2,9 +2,10 @@
 //!
 //! The log keeps everything raft needs to restart: the entries after the compaction
 //! boundary, the hard state (term, vote, commit), the conf state, and the boundary itself
-//! (index, term and conf state of the last compacted entry, which doubles as the metadata of
-//! the snapshot a lagging follower is sent; an election cluster has no state machine, so a
-//! snapshot carries no data).
+//! (index, term and conf state of the last compacted entry), and the members table
+//! ([`MembersTable`]: the peer addresses raft's conf state does not hold). An election
+//! cluster has no other state machine, so a snapshot is its metadata (taken at the applied
+//! index, with the conf state) plus the members table as its data.
 //!
 //! redb is the source of truth: [`RaftLog::open`] loads every table into an in-memory cache
 //! and checks it, and every write commits its redb transaction **before** the cache changes,
@@ -31,6 +32,7 @@ use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
 use redb::{Database, Durability, ReadableDatabase, TableError};
 
+use crate::members::MembersTable;
 use crate::tables::{RAFT_ENTRIES, RAFT_META};
 
 /// `RAFT_META` key of the protobuf-encoded `HardState`.
@@ -39,6 +41,9 @@ const META_HARD_STATE: &str = "hard_state";
 const META_CONF_STATE: &str = "conf_state";
 /// `RAFT_META` key of the protobuf-encoded `SnapshotMetadata` of the compaction boundary.
 const META_SNAPSHOT: &str = "snapshot_meta";
+/// `RAFT_META` key of the encoded [`MembersTable`]; absent in logs written before
+/// membership changes existed (then the conf state's voters are the members).
+const META_MEMBERS: &str = "members";
 
 /// Why a raft log operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +58,7 @@ pub enum RaftLogError {
     /// The log was initialized with other voters than the ones configured now.
     #[error(
         "raft log was initialized with voters {stored:?} but the configuration names {configured:?}; \
-         membership changes are not supported"
+         start it with the peers it was created with (later changes go through `palisade member`)"
     )]
     ConfStateMismatch {
         /// Voters recorded in the log.
@@ -124,6 +129,12 @@ struct Core {
     boundary: SnapshotMetadata,
     /// The entries `boundary.index + 1 ..= last_index`, in order, without gaps.
     entries: VecDeque<Entry>,
+    /// The members table that goes with `conf_state`.
+    members: MembersTable,
+    /// The highest index the node applied, as the election loop reports it. Kept only in
+    /// memory (an exception to "equal to what redb holds"): it only chooses the index of
+    /// the snapshots this node serves, and after a restart the boundary is a safe floor.
+    applied: u64,
 }
 
 impl Core {
@@ -270,6 +281,57 @@ impl RaftLog {
         self.read().conf_state.clone()
     }
 
+    /// The stored members table (empty when none was ever written).
+    pub fn members(&self) -> MembersTable {
+        self.read().members.clone()
+    }
+
+    /// Records the initial membership, durably, when the log is new: the voters are the
+    /// ids of `peers`, and the members table holds their addresses at index 0. A log that
+    /// was already initialized is left as it is; call [`RaftLog::members`] for its table.
+    pub fn initialize_members(
+        &self,
+        peers: &std::collections::BTreeMap<u64, String>,
+    ) -> Result<(), RaftLogError> {
+        if self.is_initialized() {
+            return Ok(());
+        }
+        let cs = ConfState {
+            voters: peers.keys().copied().collect(),
+            ..ConfState::default()
+        };
+        self.apply_membership(&cs, &MembersTable::initial(peers))
+    }
+
+    /// Stores a conf state and the members table that goes with it (after a membership
+    /// change was applied), in one transaction, fsynced.
+    pub fn apply_membership(
+        &self,
+        cs: &ConfState,
+        members: &MembersTable,
+    ) -> Result<(), RaftLogError> {
+        let txn = self.begin_write()?;
+        {
+            let mut meta = txn.open_table(RAFT_META).map_err(RaftLogError::storage)?;
+            meta.insert(META_CONF_STATE, encode("conf state", cs)?.as_slice())
+                .map_err(RaftLogError::storage)?;
+            meta.insert(META_MEMBERS, members.encode().as_slice())
+                .map_err(RaftLogError::storage)?;
+        }
+        txn.commit().map_err(RaftLogError::storage)?;
+        let mut core = self.write();
+        core.conf_state = cs.clone();
+        core.members = members.clone();
+        Ok(())
+    }
+
+    /// Records the highest applied index (memory only): the snapshots this node serves are
+    /// taken there, where its conf state and members table are exactly those of the log.
+    pub fn set_applied(&self, applied: u64) {
+        let mut core = self.write();
+        core.applied = core.applied.max(applied);
+    }
+
     /// Stores what one raft `Ready` asks for, in one redb transaction committed with
     /// `Durability::Immediate` (see the module docs): first the snapshot (which replaces the
     /// whole log), then the entries (deleting the stored suffix from the first new index on),
@@ -294,6 +356,19 @@ impl RaftLog {
                         md.index, next.boundary.index
                     )));
                 }
+                // The snapshot's data is the members table at its index; an empty one
+                // (from a node that predates membership changes) leaves the table as it is.
+                if !snapshot.data.is_empty() {
+                    let members = MembersTable::decode(&snapshot.data).map_err(|e| {
+                        RaftLogError::Corrupt(format!(
+                            "snapshot at index {} carries a bad members table: {e}",
+                            md.index
+                        ))
+                    })?;
+                    meta.insert(META_MEMBERS, members.encode().as_slice())
+                        .map_err(RaftLogError::storage)?;
+                    next.members = members;
+                }
                 entries
                     .retain(|_, _| false)
                     .map_err(RaftLogError::storage)?;
@@ -309,6 +384,7 @@ impl RaftLog {
                 next.entries.clear();
                 next.hard_state.term = next.hard_state.term.max(md.term);
                 next.hard_state.commit = md.index;
+                next.applied = md.index;
             }
 
             if let Some(first) = write.entries.first() {
@@ -476,6 +552,11 @@ fn load(db: &Database) -> Result<Core, RaftLogError> {
     if let Some(v) = meta.get(META_SNAPSHOT).map_err(RaftLogError::storage)? {
         core.boundary = decode("snapshot metadata", v.value())?;
     }
+    if let Some(v) = meta.get(META_MEMBERS).map_err(RaftLogError::storage)? {
+        core.members = MembersTable::decode(v.value())
+            .map_err(|e| RaftLogError::Corrupt(format!("members table: {e}")))?;
+    }
+    core.applied = core.boundary.index;
     let entries = txn
         .open_table(RAFT_ENTRIES)
         .map_err(RaftLogError::storage)?;
@@ -534,15 +615,17 @@ impl raft::Storage for RaftLog {
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         let core = self.read();
-        // There is no state machine: a snapshot is only metadata, taken at the commit index
-        // (every committed entry is applied by the time raft asks, or has nothing to apply).
-        let index = core.hard_state.commit.max(core.boundary.index);
+        // The only state machine is the membership: a snapshot is taken at the applied
+        // index, where the conf state and the members table are exactly those the log
+        // produced (at the commit index a conf change could still be unapplied).
+        let index = core.applied.max(core.boundary.index);
         if index < request_index {
             return Err(raft::Error::Store(
                 StorageError::SnapshotTemporarilyUnavailable,
             ));
         }
         let mut snapshot = Snapshot::default();
+        snapshot.data = core.members.encode().into();
         let md = snapshot.mut_metadata();
         md.index = index;
         md.term = core.term(index)?;

@@ -135,16 +135,16 @@ pub use client::{
 };
 pub use error::ClientError;
 pub use node::{
-    LONG_POLL_SLACK_MS, LONG_POLL_WAIT_MS_MAX, NODE_REQUEST_TIMEOUT_MS, NodeApi,
-    TRANSFER_TIMEOUT_MS, is_establishing,
+    LONG_POLL_SLACK_MS, LONG_POLL_WAIT_MS_MAX, MEMBER_CHANGE_TIMEOUT_MS, NODE_REQUEST_TIMEOUT_MS,
+    NodeApi, TRANSFER_TIMEOUT_MS, is_establishing,
 };
 pub use node_source::{
     ESTABLISH_POLL_MS, FIRST_ANSWER_TIMEOUT_MS, LONG_POLL_WAIT_MS, NodeApiSource, PLAIN_POLL_MS,
     RECONNECT_BACKOFF_MAX_MS,
 };
 pub use palisade_protocol::{
-    AdvanceResponse, FaultSpec, FenceList, FenceView, Health, LeaderView, LongPoll, Problem,
-    ResetResponse, Role, Scope, Transferred,
+    AdvanceResponse, FaultSpec, FenceList, FenceView, Health, LeaderView, LongPoll, Member,
+    MemberAdd, MemberList, Problem, ResetResponse, Role, Scope, Transferred,
 };
 pub use request::{FencedRequest, FencedResponse, IDEMPOTENCY_KEY, is_write};
 pub use source::{BoxFuture, LEADER_POLL_MS, Leadership, StaticToken, TokenSource};

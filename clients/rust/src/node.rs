@@ -1,6 +1,6 @@
 //! [`NodeApi`]: a client of an election node's HTTP API: its view of leadership
-//! ([`LeaderView`], with the long poll), leadership transfer, health, and the test faults
-//! of its peer links. The answers are the protocol's types.
+//! ([`LeaderView`], with the long poll), leadership transfer, membership changes, health,
+//! and the test faults of its peer links. The answers are the protocol's types.
 
 use std::time::Duration;
 
@@ -8,9 +8,12 @@ use http::Method;
 use palisade_protocol::admin::HEALTHZ_PATH;
 use palisade_protocol::headers::JSON;
 use palisade_protocol::lease::{LEASE_PATH, LeaseGrant, LeaseRequest};
-use palisade_protocol::node::{LEADER_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH};
+use palisade_protocol::node::{
+    LEADER_PATH, MEMBERS_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH,
+};
 use palisade_protocol::{
-    FaultSpec, Health, LeaderView, LongPoll, Role, TransferRequest, Transferred,
+    FaultSpec, Health, LeaderView, LongPoll, MemberAdd, MemberList, Role, TransferRequest,
+    Transferred,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -31,6 +34,10 @@ pub const LONG_POLL_SLACK_MS: u64 = 1_000;
 /// Longest a leadership transfer may take: the node answers once the new leader is
 /// elected, which takes a few election timeouts at most.
 pub const TRANSFER_TIMEOUT_MS: u64 = 15_000;
+/// Longest a membership change may take: the node answers once it applied the change
+/// (it gives up itself after 10 s, the election crate's `MEMBER_CHANGE_TIMEOUT_MS`), so
+/// this leaves room for the transport.
+pub const MEMBER_CHANGE_TIMEOUT_MS: u64 = 15_000;
 
 impl From<&LeaderView> for Leadership {
     /// What a node's answer means for a client of this node: a token (with its proof,
@@ -164,6 +171,31 @@ impl NodeApi {
         self.post(LEASE_PATH, Some(request), millis(timeout)).await
     }
 
+    /// `GET /v1/members`: the cluster's members as this node applied them.
+    pub async fn members(&self) -> Result<MemberList, ClientError> {
+        self.read(MEMBERS_PATH, self.timeout).await
+    }
+
+    /// `POST /v1/members`: adds member `id` at peer address `peer` (`HOST:PORT`); answers
+    /// the members once the node applied the change. A refusal (a removed id, a change
+    /// already in progress, ...) is [`ClientError::Status`] with the problem.
+    pub async fn add_member(&self, id: u64, peer: &str) -> Result<MemberList, ClientError> {
+        let add = MemberAdd {
+            id,
+            peer: peer.to_owned(),
+        };
+        self.post(MEMBERS_PATH, Some(&add), MEMBER_CHANGE_TIMEOUT_MS)
+            .await
+    }
+
+    /// `DELETE /v1/members/{id}`: removes member `id` (never the leader); its id is never
+    /// accepted again. Answers like [`NodeApi::add_member`].
+    pub async fn remove_member(&self, id: u64) -> Result<MemberList, ClientError> {
+        let path = format!("{MEMBERS_PATH}/{id}");
+        self.send::<(), _>(Method::DELETE, &path, None, MEMBER_CHANGE_TIMEOUT_MS)
+            .await
+    }
+
     /// `GET /healthz`.
     pub async fn health(&self) -> Result<Health, ClientError> {
         self.read(HEALTHZ_PATH, self.timeout).await
@@ -220,10 +252,22 @@ impl NodeApi {
         body: Option<&B>,
         timeout_ms: u64,
     ) -> Result<T, ClientError> {
+        self.send(Method::POST, path, body, timeout_ms).await
+    }
+
+    /// A request that changes something: a failure after sending leaves its outcome
+    /// unknown.
+    async fn send<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout_ms: u64,
+    ) -> Result<T, ClientError> {
         let url = self.base.join(path)?;
         let mut request = self
             .transport
-            .request(Method::POST, url)
+            .request(method.clone(), url)
             .header(http::header::ACCEPT, JSON);
         if let Some(body) = body {
             request = request.json(body);
@@ -231,7 +275,7 @@ impl NodeApi {
         self.transport
             .exchange(request, Duration::from_millis(timeout_ms))
             .await
-            .map_err(|f| f.into_error(self.base.as_str(), &Method::POST))?
+            .map_err(|f| f.into_error(self.base.as_str(), &method))?
             .json()
     }
 }

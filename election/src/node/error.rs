@@ -106,6 +106,27 @@ pub enum NodeError {
     /// The loop task panicked.
     #[error("election loop failed: {0}")]
     Loop(String),
+    /// This node's storage lost entries the cluster had acknowledged from it (its data
+    /// directory was wiped or replaced): the leader's heartbeat counts more than its log
+    /// holds. Going on could cast a second vote in a term, so the node stops.
+    #[error(
+        "storage of node {id} was wiped or replaced (leader {leader_id} counts index {commit} \
+         as acknowledged by it, its log ends at {last_index}), but the cluster still has id \
+         {id}: remove it with `palisade member remove --node URL --id {id}`, then add this \
+         machine under a new id with `palisade member add --node URL --id NEW --peer \
+         HOST:PORT` and start it with `palisade node --join URL --id NEW` and an empty data \
+         directory"
+    )]
+    StorageLost {
+        /// This node's id.
+        id: u64,
+        /// The leader whose heartbeat showed it.
+        leader_id: u64,
+        /// The commit index the leader sent.
+        commit: u64,
+        /// This node's last log index.
+        last_index: u64,
+    },
 }
 
 /// Why a lease request was not granted by the election loop.

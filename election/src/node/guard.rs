@@ -8,8 +8,9 @@
 //! commit index beyond this node's log (`commit_to` panics with "`to_commit` out of range"), an
 //! append whose entries are not the consecutive run after its index (`maybe_append` slices
 //! and panics), an append acknowledgement beyond the leader's log (the next append reads
-//! entries out of bounds), a snapshot of another membership, and a `MsgTimeoutNow` that is
-//! not from the leader this node follows. A dropped message is counted, and logged at most
+//! entries out of bounds), a snapshot whose membership does not include this node, a
+//! forwarded proposal that is anything but a membership change, and a `MsgTimeoutNow`
+//! that is not from the leader this node follows. A dropped message is counted, and logged at most
 //! once per reason per [`DROP_WARN_INTERVAL_MS`] (a flood of forged frames must not become
 //! a flood of log lines); the node keeps running.
 
@@ -34,7 +35,8 @@ pub(crate) struct LocalState {
 /// The configuration the checks enforce.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Guard {
-    /// Every voter, this node included.
+    /// Every member this node exchanges raft traffic with, this node included; follows
+    /// the members table at run time.
     pub voters: BTreeSet<u64>,
     /// Largest accepted distance of a message's term above this node's.
     pub max_term_gap: u64,
@@ -108,9 +110,12 @@ pub(crate) enum DropCause {
     /// An append acknowledgement for entries this leader does not have.
     #[error("acknowledged index {index} is beyond this node's last index {last_index}")]
     AckBeyondLog { index: u64, last_index: u64 },
-    /// A snapshot whose membership is not the configured one.
-    #[error("snapshot voters {voters:?} are not the configured voters")]
+    /// A snapshot whose membership does not include this node.
+    #[error("snapshot voters {voters:?} do not include this node")]
     SnapshotMembership { voters: Vec<u64> },
+    /// A forwarded proposal that is not exactly one membership change.
+    #[error("a forwarded proposal must be one membership change")]
+    ProposalNotConfChange,
     /// A `MsgTimeoutNow` not from the leader this node follows in its term.
     #[error(
         "MsgTimeoutNow from node {from} in term {term}, but this node follows {leader_id} in term {own}"
@@ -136,16 +141,17 @@ impl DropCause {
             DropCause::AppendInconsistent { .. } => "append_inconsistent",
             DropCause::AckBeyondLog { .. } => "ack_beyond_log",
             DropCause::SnapshotMembership { .. } => "snapshot_membership",
+            DropCause::ProposalNotConfChange => "proposal_not_conf_change",
             DropCause::TimeoutNowNotFromLeader { .. } => "timeout_now_not_from_leader",
         }
     }
 }
 
 /// Whether peers may send `t` to each other here. Local-only types never cross the
-/// network; this node never proposes through raft and reads (lease rounds) only as leader,
-/// which raft does with heartbeats, so forwarded proposals and read-index traffic are
-/// never legitimate either. `MsgTransferLeader` is forwarded by a
-/// follower asked to transfer, so it is allowed.
+/// network; this node reads (lease rounds) only as leader, which raft does with
+/// heartbeats, so read-index traffic is never legitimate. `MsgTransferLeader` is forwarded
+/// by a follower asked to transfer, and `MsgPropose` by a follower asked for a membership
+/// change (checked further in [`Guard::check`]), so both are allowed.
 fn peers_send(t: MessageType) -> bool {
     use MessageType::{
         MsgAppend, MsgAppendResponse, MsgBeat, MsgCheckQuorum, MsgHeartbeat, MsgHeartbeatResponse,
@@ -164,9 +170,10 @@ fn peers_send(t: MessageType) -> bool {
         | MsgHeartbeat
         | MsgHeartbeatResponse
         | MsgTransferLeader
-        | MsgTimeoutNow => true,
-        MsgHup | MsgBeat | MsgUnreachable | MsgSnapStatus | MsgCheckQuorum | MsgPropose
-        | MsgReadIndex | MsgReadIndexResp => false,
+        | MsgTimeoutNow
+        | MsgPropose => true,
+        MsgHup | MsgBeat | MsgUnreachable | MsgSnapStatus | MsgCheckQuorum | MsgReadIndex
+        | MsgReadIndexResp => false,
     }
 }
 
@@ -210,7 +217,14 @@ impl Guard {
                     last_index: me.last_index,
                 })
             }
-            MessageType::MsgSnapshot => self.check_snapshot(m),
+            MessageType::MsgSnapshot => self.check_snapshot(m, me.id),
+            MessageType::MsgPropose
+                if m.get_entries().len() != 1
+                    || m.get_entries()[0].get_entry_type()
+                        != raft::eraftpb::EntryType::EntryConfChangeV2 =>
+            {
+                Err(DropCause::ProposalNotConfChange)
+            }
             MessageType::MsgTimeoutNow
                 if m.term != me.term || me.leader_id == 0 || m.from != me.leader_id =>
             {
@@ -225,14 +239,20 @@ impl Guard {
         }
     }
 
-    fn check_snapshot(&self, m: &Message) -> Result<(), DropCause> {
+    fn check_snapshot(&self, m: &Message, me: u64) -> Result<(), DropCause> {
         let meta = m.get_snapshot().get_metadata();
         let cs = meta.get_conf_state();
+        // The membership may have changed since this node last heard (it may be joining),
+        // so the snapshot's need not match this node's; it must include this node (raft
+        // would refuse it otherwise) and name no id twice.
         let voters: BTreeSet<u64> = cs.get_voters().iter().copied().collect();
-        let extra = !cs.get_learners().is_empty()
-            || !cs.get_voters_outgoing().is_empty()
-            || !cs.get_learners_next().is_empty();
-        if voters != self.voters || extra || cs.get_voters().len() != voters.len() {
+        let includes_me = cs
+            .get_voters()
+            .iter()
+            .chain(cs.get_voters_outgoing())
+            .chain(cs.get_learners())
+            .any(|&id| id == me);
+        if !includes_me || cs.get_voters().len() != voters.len() {
             return Err(DropCause::SnapshotMembership {
                 voters: cs.get_voters().to_vec(),
             });

@@ -80,11 +80,11 @@ fn strangers_self_and_misaddressed_messages_are_dropped() {
 }
 
 /// Goal: types peers never send each other are dropped. Method: each local-only type,
-/// and proposals and read-index traffic, which this node never forwards.
+/// and read-index traffic, which this node never forwards.
 #[test]
 fn types_peers_never_send_are_dropped() {
     use MessageType::{
-        MsgBeat, MsgCheckQuorum, MsgHup, MsgPropose, MsgReadIndex, MsgReadIndexResp, MsgSnapStatus,
+        MsgBeat, MsgCheckQuorum, MsgHup, MsgReadIndex, MsgReadIndexResp, MsgSnapStatus,
         MsgUnreachable,
     };
     for kind in [
@@ -93,7 +93,6 @@ fn types_peers_never_send_are_dropped() {
         MsgUnreachable,
         MsgSnapStatus,
         MsgCheckQuorum,
-        MsgPropose,
         MsgReadIndex,
         MsgReadIndexResp,
     ] {
@@ -201,10 +200,49 @@ fn acks_beyond_the_log_are_dropped() {
     assert_eq!(guard().check(&ack, &me()), Ok(()));
 }
 
-/// Goal: a snapshot of another membership is dropped. Method: voters [1, 2], [1, 2, 3, 4],
-/// and [1, 2, 3] with a learner; then the configured set passes.
+/// Goal: a forwarded proposal passes only as one membership change. Method: a proposal
+/// with a normal entry, with two conf changes, with none, then with one conf change.
 #[test]
-fn snapshots_of_another_membership_are_dropped() {
+fn proposals_other_than_one_conf_change_are_dropped() {
+    use raft::eraftpb::{Entry, EntryType};
+    let propose = |types: &[EntryType]| {
+        let mut m = msg(MessageType::MsgPropose, 2, 5);
+        m.set_entries(
+            types
+                .iter()
+                .map(|&t| {
+                    let mut e = Entry::default();
+                    e.set_entry_type(t);
+                    e
+                })
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        m
+    };
+    for bad in [
+        &[EntryType::EntryNormal][..],
+        &[EntryType::EntryConfChangeV2, EntryType::EntryConfChangeV2][..],
+        &[][..],
+        &[EntryType::EntryConfChange][..],
+    ] {
+        assert_eq!(
+            guard().check(&propose(bad), &me()),
+            Err(DropCause::ProposalNotConfChange)
+        );
+    }
+    assert_eq!(
+        guard().check(&propose(&[EntryType::EntryConfChangeV2]), &me()),
+        Ok(())
+    );
+}
+
+/// Goal: a snapshot whose membership leaves this node out (or names an id twice) is
+/// dropped; one of another membership that includes it passes (it may be joining).
+/// Method: voters [2, 3], [2, 3] with learner 4, [1, 2, 3, 3]; then [1, 2, 3, 4] and
+/// [3, 1, 2].
+#[test]
+fn snapshots_without_this_node_are_dropped() {
     let snap = |voters: Vec<u64>, learners: Vec<u64>| {
         let mut cs = ConfState::default();
         cs.set_voters(voters);
@@ -218,9 +256,8 @@ fn snapshots_of_another_membership_are_dropped() {
         m
     };
     for (voters, learners) in [
-        (vec![1, 2], vec![]),
-        (vec![1, 2, 3, 4], vec![]),
-        (vec![1, 2, 3], vec![4]),
+        (vec![2, 3], vec![]),
+        (vec![2, 3], vec![4]),
         (vec![1, 2, 3, 3], vec![]),
     ] {
         assert_eq!(
@@ -232,6 +269,10 @@ fn snapshots_of_another_membership_are_dropped() {
         );
     }
     assert_eq!(guard().check(&snap(vec![3, 1, 2], vec![]), &me()), Ok(()));
+    assert_eq!(
+        guard().check(&snap(vec![1, 2, 3, 4], vec![]), &me()),
+        Ok(())
+    );
 }
 
 /// Goal: `MsgTimeoutNow` is accepted only from the leader this node follows, in its term.
