@@ -9,10 +9,18 @@
 //! scope can be on disk without having been acknowledged: the one that was committing
 //! when the process died.
 //!
-//! # Concurrency
+//! # Concurrency and group commit
 //! Reads come from memory: one shard read of a [`DashMap`] and an atomic load, with no
-//! global lock and no disk I/O. Raises of one scope are serialised by that scope's own
-//! lock; raises of different scopes only meet in redb's single writer.
+//! global lock and no disk I/O. Raises share commits: a raise joins a queue, and one
+//! caller at a time (the committer) takes everything queued, writes it in one redb
+//! transaction, fsyncs once and publishes the new fences; raises that arrive meanwhile
+//! form the next batch. Every caller still returns only after the commit that carried its
+//! raise, so a raise is durable before its caller acts on it. Within one batch a scope
+//! takes the highest token queued for it; the lower ones of that scope are answered
+//! stale, as they would have been had the highest one committed first. Under load the
+//! number of fsyncs therefore follows the disk's speed, not the number of raises.
+//! Writes to the fence table (the committer's batches and resets) are serialised by one
+//! lock, and while it is free memory equals disk.
 //!
 //! # Reset
 //! [`FenceRegister::reset`] is the one way a fence goes down: an operator's recovery from
@@ -29,9 +37,9 @@
 //! would each trust their own memory, and the second would trip the paired assertion
 //! that the fence never moves down.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -106,18 +114,14 @@ enum Write {
 struct ScopeFence {
     /// The highest token known durable for this scope (0 before the first raise).
     /// Invariant: never decreases except through a reset, and never exceeds the stored
-    /// value; while `advance_lock` is free it equals the stored value.
+    /// value; while the register's `writer` lock is free it equals the stored value.
     current: AtomicU64,
-    /// Held across the read-check-write-read-back of a raise or a reset, so that two
-    /// changes of the same scope cannot interleave between the check and the commit.
-    advance_lock: Mutex<()>,
 }
 
 impl ScopeFence {
     fn new(current: u64) -> Self {
         Self {
             current: AtomicU64::new(current),
-            advance_lock: Mutex::new(()),
         }
     }
 
@@ -141,6 +145,40 @@ struct Shared {
     scopes_max: usize,
     /// Scopes that are always available and not counted in `scopes_len`.
     reserved: HashSet<String>,
+    /// Raises waiting for a commit, and their answers (see the module docs).
+    queue: Mutex<CommitQueue>,
+    /// Signalled whenever a batch's answers are in `queue`.
+    answered: Condvar,
+    /// Held across the check-write-read-back-publish of a batch or a reset: every write
+    /// of the fence table goes through it, so memory equals disk while it is free.
+    writer: Mutex<()>,
+    /// Commits of raises made since open (a batch counts once), for metrics.
+    commits: AtomicU64,
+}
+
+/// One raise waiting in the queue.
+struct Pending {
+    ticket: u64,
+    scope: String,
+    token: u64,
+    fence: Arc<ScopeFence>,
+}
+
+/// The raises waiting for the next batch, and the answers of finished batches.
+#[derive(Default)]
+struct CommitQueue {
+    next_ticket: u64,
+    pending: Vec<Pending>,
+    /// Whether a caller is committing a batch right now.
+    committing: bool,
+    /// Answers by ticket, taken by their callers.
+    answers: HashMap<u64, Result<Advance, AdvanceError>>,
+}
+
+/// Locks a mutex whose data stays consistent across a panic: the queue is only ever
+/// changed in whole steps, and `writer` guards no data, so a poisoned lock is safe.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Scope to highest admitted token. Cheap to clone; shared by all tasks.
@@ -205,6 +243,10 @@ impl FenceRegister {
                 scopes_len,
                 scopes_max,
                 reserved,
+                queue: Mutex::new(CommitQueue::default()),
+                answered: Condvar::new(),
+                writer: Mutex::new(()),
+                commits: AtomicU64::new(0),
             }),
         })
     }
@@ -219,9 +261,10 @@ impl FenceRegister {
 
     /// Moves the fence of `scope` up to `token` if it is higher. Blocking: when the fence
     /// rises the new value is committed with `Durability::Immediate` (fsynced) before
-    /// this returns. Equal and lower tokens do no disk I/O.
+    /// this returns, possibly in one commit with other callers' raises (see the module
+    /// docs). Equal and lower tokens do no disk I/O.
     pub fn advance(&self, scope: &str, token: u64) -> Result<Advance, AdvanceError> {
-        // Clone the Arc out so that no map guard is held across the lock or the disk.
+        // Clone the Arc out so that no map guard is held across the queue or the disk.
         let fence = self
             .shared
             .scopes
@@ -236,32 +279,39 @@ impl FenceRegister {
             None => self.insert_scope(scope)?,
         };
 
-        // The mutex guards no data, only the sequence below, and a panic inside it leaves
-        // memory and disk as they were: taking a poisoned lock is safe.
-        let _raising = fence
-            .advance_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Another caller may have raised the fence while this one waited for the lock.
-        let previous = fence.load();
-        if let Some(outcome) = settled(scope, token, previous) {
-            return Ok(outcome);
+        let shared = &self.shared;
+        let mut queue = lock(&shared.queue);
+        let ticket = queue.next_ticket;
+        queue.next_ticket += 1;
+        queue.pending.push(Pending {
+            ticket,
+            scope: scope.to_owned(),
+            token,
+            fence,
+        });
+        loop {
+            if let Some(answer) = queue.answers.remove(&ticket) {
+                return answer;
+            }
+            if queue.committing {
+                queue = shared
+                    .answered
+                    .wait(queue)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            // Nobody is committing: this caller commits everything queued, its own raise
+            // included unless an earlier committer already answered it (checked above).
+            queue.committing = true;
+            drop(queue);
+            Committer {
+                shared,
+                batch: Vec::new(),
+                finished: false,
+            }
+            .run();
+            queue = lock(&shared.queue);
         }
-        self.persist(scope, token, Write::Raise)
-            .map_err(|err| AdvanceError::Storage {
-                scope: scope.to_owned(),
-                token,
-                cause: err.to_string(),
-            })
-            .inspect_err(|err| tracing::warn!(scope, token, cause = %err, "fence raise failed"))?;
-        // Only raises write `current`, and they hold the lock, so it still holds `previous`.
-        let published = fence.current.fetch_max(token, Ordering::AcqRel);
-        assert_eq!(
-            published, previous,
-            "fence of scope {scope} changed from {previous} to {published} under its lock"
-        );
-        tracing::debug!(scope, token, previous, "fence raised");
-        Ok(Advance::Raised { previous })
     }
 
     /// Sets the fence of `scope` to `token`, lower included, and returns the fence it
@@ -285,16 +335,13 @@ impl FenceRegister {
             None if token == 0 => return Ok(0),
             None => self.insert_scope(scope)?,
         };
-        // As in `advance`, the mutex only orders the sequence below.
-        let _resetting = fence
-            .advance_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        // The writer lock orders the reset with every batch of raises.
+        let _writing = lock(&self.shared.writer);
         let previous = fence.load();
         if previous == token {
             return Ok(previous);
         }
-        self.persist(scope, token, Write::Reset)
+        self.persist(&[(scope, token)], Write::Reset)
             .map_err(|err| AdvanceError::ResetStorage {
                 scope: scope.to_owned(),
                 token,
@@ -356,42 +403,188 @@ impl FenceRegister {
         }
     }
 
-    /// Commits `token` as the fence of `scope`, fsynced, and reads it back.
-    /// The caller holds the scope's `advance_lock` and has checked `token` against memory.
-    fn persist(&self, scope: &str, token: u64, write: Write) -> Result<(), redb::Error> {
+    /// Commits each `(scope, token)` as that scope's fence in one transaction, fsynced,
+    /// and reads them back. The caller holds the `writer` lock and has checked each token
+    /// against memory.
+    fn persist(&self, writes: &[(&str, u64)], write: Write) -> Result<(), redb::Error> {
         let db = &self.shared.db;
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         {
             let mut table = txn.open_table(FENCES)?;
-            let stored = table.get(scope)?.map_or(0, |stored| stored.value());
-            // Paired assertion, first half: a raise never moves the stored fence down
-            // (only a reset may). Memory equals disk under the lock, and redb latches its
-            // first I/O failure so a half-finished earlier commit cannot leave disk ahead
-            // of memory here.
-            if write == Write::Raise {
-                assert!(
-                    token > stored,
-                    "fence of scope {scope} would move from {stored} down to {token}"
-                );
+            for &(scope, token) in writes {
+                let stored = table.get(scope)?.map_or(0, |stored| stored.value());
+                // Paired assertion, first half: a raise never moves the stored fence down
+                // (only a reset may). Memory equals disk under the writer lock, and redb
+                // latches its first I/O failure so a half-finished earlier commit cannot
+                // leave disk ahead of memory here.
+                if write == Write::Raise {
+                    assert!(
+                        token > stored,
+                        "fence of scope {scope} would move from {stored} down to {token}"
+                    );
+                }
+                table.insert(scope, token)?;
             }
-            table.insert(scope, token)?;
         }
         // Dropping `txn` on an early return above aborts it: nothing reaches the disk.
         txn.commit()?;
 
         // Paired assertion, second half: what a fresh reader sees is what was committed.
         let txn = db.begin_read()?;
-        let read_back = txn
-            .open_table(FENCES)?
-            .get(scope)?
-            .map(|stored| stored.value());
-        assert_eq!(
-            read_back,
-            Some(token),
-            "fence of scope {scope} read back wrong after commit"
-        );
+        let table = txn.open_table(FENCES)?;
+        for &(scope, token) in writes {
+            let read_back = table.get(scope)?.map(|stored| stored.value());
+            assert_eq!(
+                read_back,
+                Some(token),
+                "fence of scope {scope} read back wrong after commit"
+            );
+        }
         Ok(())
+    }
+
+    /// The number of commits that raised fences since open; a batch of raises counts once.
+    pub fn commits(&self) -> u64 {
+        self.shared.commits.load(Ordering::Relaxed)
+    }
+
+    /// Raises waiting for a commit (tests use it to line up a batch).
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        lock(&self.shared.queue).pending.len()
+    }
+}
+
+/// The caller that commits one batch of queued raises. If it unwinds (a broken
+/// invariant), dropping it answers the batch's callers with an error and frees the queue
+/// for the next committer, so no caller waits forever.
+struct Committer<'a> {
+    shared: &'a Arc<Shared>,
+    batch: Vec<Pending>,
+    finished: bool,
+}
+
+impl Committer<'_> {
+    /// Takes the writer lock, then everything queued, commits it and posts the answers.
+    fn run(mut self) {
+        let shared = self.shared;
+        // The batch is taken only once the writer lock is held, so that raises queued
+        // while a reset or a test held it join this batch.
+        let _writing = lock(&shared.writer);
+        self.batch = std::mem::take(&mut lock(&shared.queue).pending);
+        let register = FenceRegister {
+            shared: Arc::clone(shared),
+        };
+        let answers = register.commit_batch(&self.batch);
+        let mut queue = lock(&shared.queue);
+        queue.answers.extend(answers);
+        queue.committing = false;
+        self.finished = true;
+        shared.answered.notify_all();
+    }
+}
+
+impl Drop for Committer<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut queue = lock(&self.shared.queue);
+        for pending in &self.batch {
+            queue.answers.insert(
+                pending.ticket,
+                Err(AdvanceError::Storage {
+                    scope: pending.scope.clone(),
+                    token: pending.token,
+                    cause: "the commit of this raise's batch failed an internal check".into(),
+                }),
+            );
+        }
+        queue.committing = false;
+        self.shared.answered.notify_all();
+    }
+}
+
+impl FenceRegister {
+    /// Commits one batch: per scope the highest token queued, when it is above the fence,
+    /// all in one transaction; then publishes the new fences and answers every raise of
+    /// the batch. The caller holds the writer lock.
+    fn commit_batch(&self, batch: &[Pending]) -> Vec<(u64, Result<Advance, AdvanceError>)> {
+        // Per scope: the fence before the batch (memory equals disk under the writer
+        // lock), the highest token queued, and the scope's in-memory fence.
+        let mut scopes: BTreeMap<&str, (u64, u64, &Arc<ScopeFence>)> = BTreeMap::new();
+        for pending in batch {
+            let entry = scopes.entry(pending.scope.as_str()).or_insert_with(|| {
+                let current = pending.fence.load();
+                (current, current, &pending.fence)
+            });
+            entry.1 = entry.1.max(pending.token);
+        }
+        let writes: Vec<(&str, u64)> = scopes
+            .iter()
+            .filter(|(_, (previous, target, _))| target > previous)
+            .map(|(scope, (_, target, _))| (*scope, *target))
+            .collect();
+        let failed = if writes.is_empty() {
+            None
+        } else {
+            match self.persist(&writes, Write::Raise) {
+                Ok(()) => {
+                    self.shared.commits.fetch_add(1, Ordering::Relaxed);
+                    for (scope, (previous, target, fence)) in &scopes {
+                        if target > previous {
+                            // Only batches write `current` upwards, under the writer
+                            // lock, so it still holds `previous`.
+                            let published = fence.current.fetch_max(*target, Ordering::AcqRel);
+                            assert_eq!(
+                                published, *previous,
+                                "fence of scope {scope} changed from {previous} to {published} \
+                                 under the writer lock"
+                            );
+                            tracing::debug!(scope, token = target, previous, "fence raised");
+                        }
+                    }
+                    None
+                }
+                Err(err) => {
+                    let cause = err.to_string();
+                    tracing::warn!(raises = writes.len(), cause = %cause, "fence raise failed");
+                    Some(cause)
+                }
+            }
+        };
+
+        let mut raised_by_someone: HashSet<&str> = HashSet::new();
+        batch
+            .iter()
+            .map(|pending| {
+                let scope = pending.scope.as_str();
+                let (previous, target, _) = scopes[scope];
+                let answer = match &failed {
+                    // The write failed: every raise it carried fails; the fence is as it was.
+                    Some(cause) if pending.token > previous => Err(AdvanceError::Storage {
+                        scope: pending.scope.clone(),
+                        token: pending.token,
+                        cause: cause.clone(),
+                    }),
+                    Some(_) => {
+                        Ok(settled(scope, pending.token, previous).unwrap_or(Advance::Unchanged))
+                    }
+                    // The first caller of the winning token is told it raised the fence;
+                    // a second caller with the same token finds it equal.
+                    None if pending.token == target
+                        && target > previous
+                        && raised_by_someone.insert(scope) =>
+                    {
+                        Ok(Advance::Raised { previous })
+                    }
+                    None => Ok(settled(scope, pending.token, previous.max(target))
+                        .unwrap_or(Advance::Unchanged)),
+                };
+                (pending.ticket, answer)
+            })
+            .collect()
     }
 }
 

@@ -403,3 +403,149 @@ fn reset_waits_for_the_disk() {
     resetting.join().unwrap();
     assert_eq!(fences.current("orders"), 2);
 }
+
+/// Goal: concurrent raises share one commit (group commit), and each caller still
+/// returns only after the commit that carried its raise. Method: hold redb's only write
+/// transaction so the first raise's commit blocks; queue raises of four other scopes and
+/// one more of the first scope behind it; release: the four scopes and the second raise
+/// of the first scope land in one further commit, so five raises take two commits, and
+/// every caller saw its own raise (or the higher one of its scope) when it returned.
+#[test]
+fn concurrent_raises_share_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_database(&dir.path().join("fences.redb")).unwrap();
+    let fences = FenceRegister::open(Arc::clone(&db), SCOPES_MAX_DEFAULT).unwrap();
+    assert_eq!(fences.commits(), 0);
+
+    let writer = db.begin_write().unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let mut threads = Vec::new();
+    // The first raise becomes the committer and blocks in redb; wait until it has taken
+    // its batch (the queue is empty again) before queuing the others behind it.
+    let spawn = |scope: &'static str, token: u64| {
+        let probe = fences.clone();
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            let outcome = probe.advance(scope, token).unwrap();
+            // What the caller can see the moment it is answered.
+            done_tx
+                .send((scope, token, outcome, probe.current(scope)))
+                .unwrap();
+        })
+    };
+    threads.push(spawn("a", 1));
+    wait_until(|| fences.queued() == 0 && fences.shared.queue.lock().unwrap().committing);
+    for scope in ["b", "c", "d", "e"] {
+        threads.push(spawn(scope, 5));
+    }
+    threads.push(spawn("a", 2));
+    wait_until(|| fences.queued() == 5);
+    assert!(
+        done_rx
+            .recv_timeout(Duration::from_millis(BLOCKED_WATCH_MS))
+            .is_err(),
+        "a raise was answered while redb's writer was held"
+    );
+    drop(writer);
+    let answers: Vec<_> = (0..6)
+        .map(|_| {
+            done_rx
+                .recv_timeout(Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS))
+                .unwrap()
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    for &(scope, token, _, seen) in &answers {
+        assert!(
+            seen >= token,
+            "scope {scope}: raise {token} answered while the fence read {seen}"
+        );
+    }
+    let mut outcomes: Vec<_> = answers
+        .into_iter()
+        .map(|(scope, token, outcome, _)| (scope, token, outcome))
+        .collect();
+    outcomes.sort_by_key(|&(scope, token, _)| (scope, token));
+    assert_eq!(
+        outcomes,
+        vec![
+            ("a", 1, Advance::Raised { previous: 0 }),
+            ("a", 2, Advance::Raised { previous: 1 }),
+            ("b", 5, Advance::Raised { previous: 0 }),
+            ("c", 5, Advance::Raised { previous: 0 }),
+            ("d", 5, Advance::Raised { previous: 0 }),
+            ("e", 5, Advance::Raised { previous: 0 }),
+        ]
+    );
+    assert_eq!(
+        fences.commits(),
+        2,
+        "five raises behind one commit take one more"
+    );
+}
+
+/// Goal: within one batch a scope takes its highest token; lower raises of that scope
+/// are answered stale with the new fence, an equal second caller unchanged.
+/// Method: hold redb's writer behind a first raise, queue 3, 7, 7 and 5 for one scope,
+/// release, and check each answer and the single extra commit.
+#[test]
+fn a_batch_raises_each_scope_to_its_highest_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = open_database(&dir.path().join("fences.redb")).unwrap();
+    let fences = FenceRegister::open(Arc::clone(&db), SCOPES_MAX_DEFAULT).unwrap();
+    let writer = db.begin_write().unwrap();
+    let (done_tx, done_rx) = mpsc::channel();
+    let spawn = |token: u64| {
+        let probe = fences.clone();
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            done_tx
+                .send((token, probe.advance("s", token).unwrap()))
+                .unwrap();
+        })
+    };
+    let mut threads = vec![spawn(1)];
+    wait_until(|| fences.queued() == 0 && fences.shared.queue.lock().unwrap().committing);
+    for token in [3, 7, 7, 5] {
+        threads.push(spawn(token));
+    }
+    wait_until(|| fences.queued() == 4);
+    drop(writer);
+    let mut answers: Vec<_> = (0..5)
+        .map(|_| {
+            done_rx
+                .recv_timeout(Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS))
+                .unwrap()
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    answers.sort_by_key(|&(token, outcome)| (token, outcome == Advance::Unchanged));
+    assert_eq!(
+        answers,
+        vec![
+            (1, Advance::Raised { previous: 0 }),
+            (3, Advance::Stale { current: 7 }),
+            (5, Advance::Stale { current: 7 }),
+            (7, Advance::Raised { previous: 1 }),
+            (7, Advance::Unchanged),
+        ]
+    );
+    assert_eq!(fences.current("s"), 7);
+    assert_eq!(fences.commits(), 2);
+}
+
+/// Polls `condition` until it holds, failing after [`NOT_BLOCKED_TIMEOUT_MS`].
+fn wait_until(condition: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS);
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not reached within {NOT_BLOCKED_TIMEOUT_MS} ms"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
