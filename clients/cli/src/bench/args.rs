@@ -27,6 +27,11 @@ const TIMEOUT_MS_MAX: u64 = 600_000;
 /// Highest latency the histogram tells apart, in microseconds; slower answers are
 /// recorded as this value. It is the longest request timeout allowed.
 pub(super) const LATENCY_US_MAX: u64 = TIMEOUT_MS_MAX * 1000;
+/// Most scopes of a `--scopes` run: one per connection at most makes sense, and each is
+/// a fence the proxy keeps (its `scopes_max` bounds them too).
+const SCOPES_MAX: u32 = CONNECTIONS_MAX;
+/// Most processes `--pid` measures in one run.
+pub(super) const PIDS_MAX: usize = 16;
 /// Significant decimal digits of the histogram: 0.1% resolution.
 pub(super) const LATENCY_SIGFIGS: u8 = 3;
 
@@ -78,6 +83,17 @@ pub(super) struct LoadArgs {
     /// (`palisade proxy --client-scopes`).
     #[arg(long, env = "PALISADE_BENCH_SCOPE")]
     scope: Option<String>,
+    /// Spread the connections over this many scopes: connection i sends
+    /// `Fencing-Scope: SCOPE-(i mod N)`, so concurrent fence raises fall on different
+    /// scopes (as many independent writers would). Needs --scope.
+    #[arg(long, env = "PALISADE_BENCH_SCOPES",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(SCOPES_MAX)))]
+    scopes: Option<u32>,
+    /// Report the CPU time the process with this pid used during the measured window,
+    /// per request (for example the proxy's, to compare it with another server's).
+    /// Repeatable; Linux only (reads /proc/PID/stat).
+    #[arg(long = "pid", env = "PALISADE_BENCH_PIDS", value_delimiter = ',')]
+    pids: Vec<i32>,
     /// Fraction (0 to 1) of requests that carry a new, higher token from a counter
     /// shared by all connections. Needs --token.
     #[arg(long, env = "PALISADE_BENCH_ADVANCE_SHARE", default_value_t = 0.0)]
@@ -107,7 +123,9 @@ pub(super) struct Plan {
     pub(super) method: Method,
     pub(super) body: Bytes,
     pub(super) content_type: Option<HeaderValue>,
-    pub(super) scope: Option<HeaderValue>,
+    /// The scope each connection sends, by connection index modulo the length (empty:
+    /// no `Fencing-Scope` header).
+    pub(super) scopes: Vec<HeaderValue>,
     /// Whether requests carry a token at all.
     pub(super) tokens: bool,
     pub(super) advance_share: f64,
@@ -120,6 +138,8 @@ pub(super) struct Plan {
     /// Requests mode: how many to measure.
     pub(super) requests: Option<u64>,
     pub(super) hold: bool,
+    /// Processes whose CPU time is reported (`--pid`).
+    pub(super) pids: Vec<i32>,
 }
 
 impl LoadArgs {
@@ -170,13 +190,32 @@ impl LoadArgs {
             .map(HeaderValue::from_str)
             .transpose()
             .map_err(|e| usage(format!("--content-type: {e}")))?;
-        let scope = match &self.scope {
-            Some(s) => {
-                Scope::check(s).map_err(|e| usage(format!("--scope: {e}")))?;
-                Some(HeaderValue::from_str(s).map_err(|e| usage(format!("--scope: {e}")))?)
+        let scope_names = match (&self.scope, self.scopes) {
+            (None, Some(_)) => {
+                return Err(usage(
+                    "--scopes needs --scope (the names' prefix)".to_owned(),
+                ));
             }
-            None => None,
+            (None, None) => Vec::new(),
+            (Some(s), None) => vec![s.clone()],
+            (Some(s), Some(n)) => (0..n).map(|i| format!("{s}-{i}")).collect(),
         };
+        let scopes = scope_names
+            .iter()
+            .map(|s| {
+                Scope::check(s).map_err(|e| usage(format!("--scope: {e}")))?;
+                HeaderValue::from_str(s).map_err(|e| usage(format!("--scope: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if self.pids.len() > PIDS_MAX {
+            return Err(usage(format!(
+                "--pid given {} times; at most {PIDS_MAX}",
+                self.pids.len()
+            )));
+        }
+        if let Some(pid) = self.pids.iter().find(|&&pid| pid <= 0) {
+            return Err(usage(format!("--pid {pid} is not a process id")));
+        }
         if !(0.0..=1.0).contains(&self.advance_share) {
             return Err(usage(format!(
                 "--advance-share {} must be between 0 and 1",
@@ -231,7 +270,7 @@ impl LoadArgs {
             method,
             body,
             content_type,
-            scope,
+            scopes,
             tokens: self.token.is_some(),
             advance_share: self.advance_share,
             timeout: Duration::from_millis(self.timeout_ms),
@@ -240,6 +279,7 @@ impl LoadArgs {
             end: duration.map(|d| measure_from + Duration::from_secs_f64(d)),
             requests: self.requests,
             hold: self.hold,
+            pids: self.pids,
         })
     }
 }

@@ -17,6 +17,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 
 use super::args::{LoadArgs, Plan, resolve};
+use super::cpu;
 use super::report::{Report, Tally};
 use crate::Failure;
 
@@ -53,8 +54,17 @@ pub(super) async fn run_load(args: LoadArgs) -> Result<(), Failure> {
 
     let plan_for_total = Arc::clone(&plan);
     let mut workers = JoinSet::new();
-    for _ in 0..plan.connections {
-        workers.spawn(worker(Arc::clone(&plan), Arc::clone(&shared)));
+    // CPU of the --pid processes: sampled when measuring starts and when it ends.
+    let cpu_start = (!plan.pids.is_empty()).then(|| {
+        let pids = plan.pids.clone();
+        let at = plan.measure_from;
+        tokio::spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            cpu::sample(&pids)
+        })
+    });
+    for connection in 0..plan.connections as usize {
+        workers.spawn(worker(Arc::clone(&plan), Arc::clone(&shared), connection));
     }
     let collect = async move {
         let mut total = Tally::new(&plan_for_total);
@@ -75,15 +85,22 @@ pub(super) async fn run_load(args: LoadArgs) -> Result<(), Failure> {
             collect.await?
         }
     };
+    let cpu_end = cpu::sample(&plan.pids);
     let finished = total.finished.unwrap_or_else(Instant::now);
     let elapsed = finished.saturating_duration_since(plan.measure_from);
-    let report = Report::new(
+    let mut report = Report::new(
         &plan,
         &url,
         &total,
         elapsed,
         shared.token.load(Ordering::SeqCst),
     );
+    if let Some(start) = cpu_start {
+        let start = start
+            .await
+            .map_err(|e| Failure::Runtime(format!("CPU sampling failed: {e}")))?;
+        report.set_cpu(cpu::usage(&plan.pids, &start?, &cpu_end?, report.answered));
+    }
     if json {
         println!(
             "{}",
@@ -133,7 +150,12 @@ impl Plan {
 
     /// The request to send: the token is drawn here, so a request that advances the
     /// counter is the one that carries the new token.
-    pub(super) fn request(&self, shared: &Shared, advance: bool) -> Request<Full<Bytes>> {
+    pub(super) fn request(
+        &self,
+        shared: &Shared,
+        connection: usize,
+        advance: bool,
+    ) -> Request<Full<Bytes>> {
         let mut request = Request::new(Full::new(self.body.clone()));
         *request.method_mut() = self.method.clone();
         *request.uri_mut() = self.target.clone();
@@ -147,7 +169,8 @@ impl Plan {
         if let Some(ct) = &self.content_type {
             headers.insert(header::CONTENT_TYPE, ct.clone());
         }
-        if let Some(scope) = &self.scope {
+        if !self.scopes.is_empty() {
+            let scope = &self.scopes[connection % self.scopes.len()];
             headers.insert(FENCING_SCOPE, scope.clone());
         }
         if self.tokens {
@@ -202,7 +225,7 @@ async fn exchange(
 }
 
 /// One connection's loop: send, wait for the whole answer, record, repeat.
-async fn worker(plan: Arc<Plan>, shared: Arc<Shared>) -> Tally {
+async fn worker(plan: Arc<Plan>, shared: Arc<Shared>, connection: usize) -> Tally {
     let mut tally = Tally::new(&plan);
     let mut sender: Option<SendRequest<Full<Bytes>>> = None;
     let reconnect = || {
@@ -247,7 +270,7 @@ async fn worker(plan: Arc<Plan>, shared: Arc<Shared>) -> Tally {
         if advance {
             advance_credit -= 1.0;
         }
-        let request = plan.request(&shared, advance);
+        let request = plan.request(&shared, connection, advance);
         let started = Instant::now();
         let result = tokio::time::timeout(plan.timeout, exchange(current, request)).await;
         let ended = Instant::now();
@@ -286,12 +309,12 @@ async fn worker(plan: Arc<Plan>, shared: Arc<Shared>) -> Tally {
 /// up completely, then keep them idle until the duration ends or a signal arrives.
 async fn hold(plan: &Arc<Plan>, shared: &Arc<Shared>) -> Result<(), Failure> {
     let mut opening = JoinSet::new();
-    for _ in 0..plan.connections {
+    for connection in 0..plan.connections as usize {
         let plan = Arc::clone(plan);
         let shared = Arc::clone(shared);
         opening.spawn(async move {
             let mut sender = connect(plan.addr).await?;
-            let request = plan.request(&shared, false);
+            let request = plan.request(&shared, connection, false);
             let status = tokio::time::timeout(plan.timeout, exchange(&mut sender, request))
                 .await
                 .map_err(|_| "timeout".to_owned())?
@@ -356,12 +379,45 @@ mod tests {
                 .parse()
                 .unwrap_or_default()
         };
-        assert_eq!(token(&p.request(&shared, false)), 7);
-        assert_eq!(token(&p.request(&shared, true)), 8);
-        assert_eq!(token(&p.request(&shared, false)), 8);
-        assert_eq!(token(&p.request(&shared, true)), 9);
-        let r = p.request(&shared, false);
+        assert_eq!(token(&p.request(&shared, 0, false)), 7);
+        assert_eq!(token(&p.request(&shared, 0, true)), 8);
+        assert_eq!(token(&p.request(&shared, 0, false)), 8);
+        assert_eq!(token(&p.request(&shared, 0, true)), 9);
+        let r = p.request(&shared, 0, false);
         assert_eq!(r.method(), Method::PUT);
         assert_eq!(r.headers()[header::CONTENT_LENGTH], "0");
+    }
+
+    /// Goal: `--scopes N` spreads connections over N scopes, connection i on `S-(i mod N)`;
+    /// without it every request names the one `--scope`.
+    /// Method: build requests for several connection indexes and read `Fencing-Scope`.
+    #[test]
+    fn scopes_are_spread_over_connections() {
+        let shared = Shared {
+            token: AtomicU64::new(1),
+            issued: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        };
+        let scope_of = |p: &Plan, connection: usize| -> String {
+            p.request(&shared, connection, false).headers()[FENCING_SCOPE]
+                .to_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let spread = plan(&["--token", "1", "--scope", "bench", "--scopes", "3"])
+            .unwrap_or_else(|_| panic!("valid flags"));
+        let names: Vec<String> = (0..5).map(|c| scope_of(&spread, c)).collect();
+        assert_eq!(
+            names,
+            ["bench-0", "bench-1", "bench-2", "bench-0", "bench-1"]
+        );
+        let single =
+            plan(&["--token", "1", "--scope", "bench"]).unwrap_or_else(|_| panic!("valid flags"));
+        assert_eq!(scope_of(&single, 4), "bench");
+        assert!(
+            plan(&["--scopes", "3"]).is_err(),
+            "--scopes without --scope"
+        );
+        assert!(plan(&["--pid", "0"]).is_err(), "pid 0");
     }
 }

@@ -12,15 +12,23 @@
 //! shared by all workers (`T+1`, `T+2`, ...), so tokens only rise; the others carry the
 //! counter's latest value. With several connections, a token drawn earlier can still
 //! arrive after a later one was admitted: the proxy answers it 409, counted as non-2xx.
+//! With `--scopes N` the connections are spread over N scopes, so that concurrent raises
+//! fall on different fences.
+//!
+//! CPU: `--pid PID` reports the CPU time (user + system) that process used during the
+//! measured window, in total and per answered request, so that two servers loaded the
+//! same way can be compared by what each request costs them.
 
 //!
 //! # Layout
 //! - `args`: the load run's flags, their limits, and the checked [`args::Plan`].
 //! - `load`: the closed loop: one task per connection, warm-up, `--hold`.
 //! - `report`: per-worker tallies, the latency histogram, and the printed report.
+//! - `cpu`: the CPU time of `--pid` processes over the measured window.
 //! - `failover`: `palisade bench failover`.
 
 mod args;
+mod cpu;
 mod failover;
 mod load;
 mod report;

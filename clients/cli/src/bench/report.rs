@@ -100,6 +100,9 @@ pub(super) struct Report {
     /// Connections opened during the measured window and before (warm-up).
     connects: u64,
     latency_us: Percentiles,
+    /// CPU of the `--pid` processes over the measured window (empty without `--pid`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    cpu: Vec<super::cpu::Usage>,
 }
 
 impl Report {
@@ -152,7 +155,13 @@ impl Report {
                 max: h.max(),
                 mean: h.mean(),
             },
+            cpu: Vec::new(),
         }
+    }
+
+    /// Adds the CPU of the `--pid` processes.
+    pub(super) fn set_cpu(&mut self, cpu: Vec<super::cpu::Usage>) {
+        self.cpu = cpu;
     }
 
     pub(super) fn text(&self) -> String {
@@ -209,6 +218,16 @@ impl Report {
             ms(l.p999),
             ms(l.max)
         );
+        for cpu in &self.cpu {
+            let per_request = cpu
+                .us_per_request
+                .map_or_else(|| "-".to_owned(), |us| format!("{us:.2} µs/request"));
+            let _ = writeln!(
+                out,
+                "  cpu        pid {}: {:.3} s   {per_request}",
+                cpu.pid, cpu.cpu_s
+            );
+        }
         out
     }
 }
