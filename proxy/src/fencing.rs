@@ -307,6 +307,8 @@ impl Fencer {
         match advance {
             Advance::Raised { previous } => {
                 metrics::counter!(m::FENCE_ADVANCES).increment(1);
+                // `absolute` keeps the maximum, so callers racing here never move it down.
+                metrics::counter!(m::FENCE_COMMITS).absolute(self.register.commits());
                 tracing::info!(
                     event = events::FENCE_RAISED,
                     scope,

@@ -18,6 +18,9 @@ pub const REJECTIONS: &str = "palisade_proxy_rejections_total";
 pub const UPSTREAM_ERRORS: &str = "palisade_proxy_upstream_errors_total";
 /// Times a fence moved up, by a write or the admin API.
 pub const FENCE_ADVANCES: &str = "palisade_proxy_fence_advances_total";
+/// Fsynced commits that raised fences; concurrent raises share one (group commit), so
+/// advances per commit show how much the disk was spared.
+pub const FENCE_COMMITS: &str = "palisade_proxy_fence_commits_total";
 /// Times an operator reset a fence (`POST /v1/fences/{scope}/reset`), down or up.
 pub const FENCE_RESETS: &str = "palisade_proxy_fence_resets_total";
 /// Requests that had to wait at the in-flight barrier.
