@@ -7,7 +7,13 @@
 # Rounds alternate palisade and etcd; the report gives medians. Then a syscall count
 # (strace -c, not timed) of what one advance and one etcd put cost in writes and fsyncs.
 #
-# Environment (defaults): BENCH_CONCURRENCY ("1 8": connections per run), BENCH_ROUNDS
+# Scopes: by default each connection raises its own scope (`palisade bench --scopes N`,
+# as independent writers would), so concurrent raises can share one commit (group
+# commit); BENCH_SCOPES=one sends every connection's raises to one scope, where they race
+# and the lower ones are refused 409.
+#
+# Environment (defaults): BENCH_CONCURRENCY ("1 8": connections per run), BENCH_SCOPES
+# (per-connection), BENCH_ROUNDS
 # (5), BENCH_DURATION (3 s), BENCH_WARMUP (1 s), BENCH_BODY_BYTES (1024), BENCH_DIR
 # (/var/tmp: the data directories must be on a disk), BENCH_KEEP (0), BENCH_QUIET_WAIT (0).
 # Default run time: about 2 minutes plus the build.
@@ -19,6 +25,8 @@ ROUNDS="${BENCH_ROUNDS:-5}"
 DURATION="${BENCH_DURATION:-3}"
 WARMUP="${BENCH_WARMUP:-1}"
 BODY_BYTES="${BENCH_BODY_BYTES:-1024}"
+SCOPES="${BENCH_SCOPES:-per-connection}"
+case "$SCOPES" in per-connection | one) ;; *) die "BENCH_SCOPES must be per-connection or one" ;; esac
 
 need nginx nginx
 need etcd etcd-server
@@ -38,7 +46,7 @@ start_upstream "$up_port"
 pal_port="$(free_port)"
 pal_admin="$(free_port)"
 start_palisade_proxy palisade "$pal_port" "$pal_admin" "$(nproc)" "" \
-  --upstream "http://127.0.0.1:$up_port"
+  --upstream "http://127.0.0.1:$up_port" --client-scopes
 pal_pid="$(pgrep -g "$SPAWNED" -x palisade)"
 
 etcd_client="$(free_port)"
@@ -65,14 +73,18 @@ print(json.dumps({"key": base64.b64encode(b"bench").decode(),
 EOF
 
 pal_metrics="http://127.0.0.1:$pal_admin/metrics"
+# fence: the highest fence of any scope (the token counter starts above it).
 fence() {
-  curl -s "http://127.0.0.1:$pal_admin/v1/fences/default" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])'
+  curl -s "http://127.0.0.1:$pal_admin/v1/fences" |
+    python3 -c 'import json,sys; print(max([f["token"] for f in json.load(sys.stdin)["fences"]] or [0]))'
 }
 
-# run_palisade CONNECTIONS SECONDS [--json]: a run where every request advances the fence.
+# run_palisade CONNECTIONS SECONDS [--json]: a run where every request advances a fence.
 run_palisade() {
+  local scopes=(--scope adv)
+  [ "$SCOPES" = per-connection ] && scopes+=(--scopes "$1")
   "$PALISADE" bench --url "http://127.0.0.1:$pal_port/advance" --method PUT \
-    --body-bytes "$BODY_BYTES" --token "$(fence)" --advance-share 1 \
+    --body-bytes "$BODY_BYTES" --token "$(fence)" --advance-share 1 "${scopes[@]}" \
     --connections "$1" --duration "$2" "${@:3}"
 }
 run_etcd() {
@@ -86,10 +98,12 @@ record() {
   python3 - "$@" >>"$RESULTS" <<'EOF'
 import json, sys
 target, conns, advances, r = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+commits = int(sys.argv[5]) if len(sys.argv) > 5 else None
 # Durable operations per second: fence advances (from the proxy's counter) for palisade,
 # successful puts for etcd.
 durable = int(advances) / r["seconds"] if advances != "-" else r["ok_rps"]
-r.update(target=target, conns=conns, durable_per_s=durable)
+r.update(target=target, conns=conns, durable_per_s=durable,
+         advances_per_commit=(int(advances) / commits) if commits else None)
 print(json.dumps(r))
 l = r["latency_us"]
 print(f"  {target:<9} {conns:>2} conn  {durable:>7.0f} durable/s  {r['rps']:>7.0f} req/s  "
@@ -106,9 +120,11 @@ for round in $(seq "$ROUNDS"); do
       if [ "$target" = palisade ]; then
         run_palisade "$conns" "$WARMUP" >/dev/null
         a0="$(metric "$pal_metrics" palisade_proxy_fence_advances_total)"
-        out="$(run_palisade "$conns" "$DURATION" --json)"
+        c0="$(metric "$pal_metrics" palisade_proxy_fence_commits_total)"
+        out="$(run_palisade "$conns" "$DURATION" --json --pid "$pal_pid")"
         a1="$(metric "$pal_metrics" palisade_proxy_fence_advances_total)"
-        record palisade "$conns" "$((a1 - a0))" "$out"
+        c1="$(metric "$pal_metrics" palisade_proxy_fence_commits_total)"
+        record palisade "$conns" "$((a1 - a0))" "$out" "$((c1 - c0))"
       else
         run_etcd "$conns" "$WARMUP" >/dev/null
         record etcd "$conns" - "$(run_etcd "$conns" "$DURATION" --json)"
@@ -143,8 +159,8 @@ med = lambda xs: statistics.median(xs) if xs else float("nan")
 rounds = len(rows) // len({(r["target"], r["conns"]) for r in rows})
 print(f"\nfence advance benchmark: {sys.argv[2]} cores, {rows[0]['body_bytes']} B bodies, "
       f"medians of {rounds} rounds\n")
-print("| connections | target | durable ops/s | p50 ms | p99 ms | non-2xx | errors |")
-print("|---|---|---|---|---|---|---|")
+print("| connections | target | durable ops/s | advances per commit | p50 ms | p99 ms | non-2xx | errors |")
+print("|---|---|---|---|---|---|---|---|")
 s = {}
 for c in sorted({r["conns"] for r in rows}):
     for t in ("palisade", "etcd"):
@@ -152,7 +168,9 @@ for c in sorted({r["conns"] for r in rows}):
         m = s[(c, t)] = dict(ops=med([r["durable_per_s"] for r in rs]),
                              p50=med([r["latency_us"]["p50"] for r in rs]) / 1000,
                              p99=med([r["latency_us"]["p99"] for r in rs]) / 1000)
-        print(f"| {c} | {t} | {m['ops']:.0f} | {m['p50']:.3f} | {m['p99']:.3f} | "
+        per_commit = [r["advances_per_commit"] for r in rs if r.get("advances_per_commit")]
+        per_commit = f"{med(per_commit):.2f}" if per_commit else "-"
+        print(f"| {c} | {t} | {m['ops']:.0f} | {per_commit} | {m['p50']:.3f} | {m['p99']:.3f} | "
               f"{sum(r['non_2xx'] for r in rs)} | {sum(r['errors'] for r in rs)} |")
 print("\n| connections | palisade/etcd durable ops/s | p50 | p99 |")
 print("|---|---|---|---|")
