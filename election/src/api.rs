@@ -13,6 +13,12 @@
 //! - `POST /v1/resign`: transfer to the best other voter.
 //! - `POST /v1/lease` with a `LeaseRequest`: a fleet lease for an `--announce` proxy
 //!   (see [`crate::lease`] for its answers).
+//! - `GET /v1/members`: the members this node applied ([`MemberList`]); `POST /v1/members`
+//!   with a [`MemberAdd`] adds one, `DELETE /v1/members/{id}` removes one (never the
+//!   leader). Both go through raft's joint consensus (a follower forwards the proposal to
+//!   the leader) and answer the new list once this node applied the change, at most
+//!   [`crate::MEMBER_CHANGE_TIMEOUT_MS`] later. Refusals are 409 problems whose detail
+//!   says why (a removed id is never accepted again; one change at a time).
 //! - `GET /metrics` (Prometheus text), `GET /healthz` ([`Health`]; 503 once the election
 //!   loop stopped).
 //! - Only on a node started with test faults (`PALISADE_TEST_FAULTS=1`), else 404:
@@ -25,11 +31,15 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::State;
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::extract::Path;
+use axum::routing::{delete, get, post};
 use http::{StatusCode, header};
 use palisade_protocol::admin::{HEALTHZ_PATH, METRICS_PATH};
 use palisade_protocol::headers::PROMETHEUS_TEXT;
-use palisade_protocol::node::{LEADER_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH};
+use palisade_protocol::node::{
+    LEADER_PATH, MEMBER_PATH, MEMBERS_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH,
+};
+use palisade_protocol::{MemberAdd, MemberList};
 use palisade_protocol::server::{ApiJson, ApiQuery, ControlLimits, finish};
 use palisade_protocol::{
     FaultSpec, Health, LeaderView, LongPoll, Problem, Scope, TransferRequest, Transferred,
@@ -82,6 +92,8 @@ pub(crate) struct ApiState {
     pub leases: Option<crate::lease::LeaseApi>,
     /// The transport's test faults, only when they are enabled.
     pub faults: Option<Arc<LinkFaults>>,
+    /// The members the election loop applied.
+    pub members: watch::Receiver<MemberList>,
     /// Cancelled at shutdown: ends long polls, then the listener.
     pub shutdown: CancellationToken,
 }
@@ -153,6 +165,8 @@ pub(crate) fn app(state: ApiState) -> Router {
             palisade_protocol::lease::LEASE_PATH,
             post(crate::lease::lease),
         )
+        .route(MEMBERS_PATH, get(members_list).post(member_add))
+        .route(MEMBER_PATH, delete(member_remove))
         .route(METRICS_PATH, get(metrics))
         .route(HEALTHZ_PATH, get(health));
     if faults_enabled {
@@ -217,6 +231,98 @@ async fn resign(State(state): State<Shared>) -> Result<ApiJson<Transferred>, Pro
     outcome
         .map(ApiJson)
         .map_err(|err| state.transfer_problem(&err))
+}
+
+/// `GET /v1/members`.
+async fn members_list(State(state): State<Shared>) -> ApiJson<MemberList> {
+    ApiJson(state.members.borrow().clone())
+}
+
+/// `POST /v1/members`.
+async fn member_add(
+    State(state): State<Shared>,
+    body: Result<ApiJson<MemberAdd>, Problem>,
+) -> Result<ApiJson<MemberList>, Problem> {
+    let ApiJson(add) = body.map_err(|p| state.problem(p))?;
+    let change = crate::members::MemberChange::Add {
+        id: add.id,
+        peer: add.peer,
+    };
+    crate::members::change_and_wait(&state.commands, &state.members, change)
+        .await
+        .map(ApiJson)
+        .map_err(|err| state.problem(member_problem(&err)))
+}
+
+/// `DELETE /v1/members/{id}`.
+async fn member_remove(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+) -> Result<ApiJson<MemberList>, Problem> {
+    let id: u64 = id.parse().map_err(|_| {
+        state.problem(
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "bad-member",
+                format!("member id {id:?} is not a non-negative integer"),
+            )
+            .with_title("Bad member id"),
+        )
+    })?;
+    let change = crate::members::MemberChange::Remove { id };
+    crate::members::change_and_wait(&state.commands, &state.members, change)
+        .await
+        .map(ApiJson)
+        .map_err(|err| state.problem(member_problem(&err)))
+}
+
+/// The problem that answers a refused or failed membership change.
+fn member_problem(err: &crate::MemberError) -> Problem {
+    use crate::MemberError as E;
+    let (status, kind, title) = match err {
+        E::Reused { .. } => (
+            StatusCode::CONFLICT,
+            "member-id-reused",
+            "Removed ids are never reused",
+        ),
+        E::AlreadyMember { .. } => (StatusCode::CONFLICT, "already-member", "Already a member"),
+        E::PeerInUse { .. } => (StatusCode::CONFLICT, "peer-in-use", "Peer address in use"),
+        E::NotAMember { .. } => (StatusCode::NOT_FOUND, "not-a-member", "No such member"),
+        E::Invalid { .. } => (StatusCode::BAD_REQUEST, "bad-member", "Bad member"),
+        E::TooMany { .. } => (
+            StatusCode::CONFLICT,
+            "too-many-members",
+            "Member limit reached",
+        ),
+        E::Pending => (
+            StatusCode::CONFLICT,
+            "membership-change-pending",
+            "A membership change is in progress",
+        ),
+        E::IsLeader { .. } => (
+            StatusCode::CONFLICT,
+            "member-is-leader",
+            "The leader cannot be removed",
+        ),
+        E::LastVoter { .. } => (StatusCode::CONFLICT, "last-voter", "Last voter"),
+        E::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no-leader", "No leader"),
+        E::Refused { .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "proposal-refused",
+            "raft refused the proposal",
+        ),
+        E::TimedOut { .. } => (
+            StatusCode::GATEWAY_TIMEOUT,
+            "member-change-timeout",
+            "The change was not applied in time",
+        ),
+        E::Stopped => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "node-stopped",
+            "The node stopped",
+        ),
+    };
+    Problem::new(status, kind, err.to_string()).with_title(title)
 }
 
 /// `GET /metrics`.
@@ -389,6 +495,7 @@ mod tests {
                 faults: self
                     .faults
                     .then(|| Arc::new(LinkFaults::new(true, 1, [1, 2, 3]))),
+                members: watch::channel(MemberList::default()).1,
                 shutdown: CancellationToken::new(),
             })
         }

@@ -51,6 +51,8 @@
 //!   granted after a quorum confirmed this node's leadership (the election loop's side,
 //!   batching requests into `ReadIndex` rounds, is in `node`).
 //! - `metrics`: the node's own Prometheus recorder and metric handles.
+//! - `members`: the rules of membership changes, the conf changes that carry them, and
+//!   the members table they produce (the loop's side is in `node`).
 #![deny(missing_docs)]
 
 mod announce;
@@ -58,6 +60,7 @@ mod api;
 mod config;
 mod leadership;
 mod lease;
+mod members;
 mod metrics;
 mod node;
 mod tls;
@@ -78,8 +81,9 @@ pub use config::{
 };
 pub use leadership::{Leadership, ReleasedBy, TOKEN_PROOF_BYTES, TokenProof};
 pub use lease::{LEASE_BUSY, LEASE_PENDING_MAX, LEASE_TIMEOUT, LEASE_WAIT_TIMEOUT_MS};
+pub use members::{MEMBER_CHANGE_TIMEOUT_MS, MEMBERS_MAX, MemberError};
 pub use node::{
-    INBOX_MAX, KEY_FILE_BYTES_MAX, LEASE_ROUND_TIMEOUT_MS, LeaseError, Node, NodeError, NodeHandle,
+    INBOX_MAX, KEY_FILE_BYTES_MAX, LEASE_ROUND_TIMEOUT_MS, LeaseError, Node, NodeError, NodeHandle, StartOptions,
     StartError, TERM_ACCEPTED_MAX, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
 };
 /// The wire types of the node API, defined once in `palisade_protocol` and re-exported

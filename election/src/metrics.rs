@@ -42,6 +42,9 @@ pub(crate) struct NodeMetrics {
     /// `palisade_node_lease_pending`: lease requests the election loop holds (in the
     /// round in flight or waiting for the next).
     pub lease_pending: Gauge,
+    /// `palisade_node_snapshots_applied_total`: snapshots from a leader this node
+    /// installed (a new member catching up after compaction, or a far-behind one).
+    pub snapshots_applied: Counter,
     /// The node's own recorder, to register the per-reason counters of dropped incoming
     /// messages when a reason first occurs.
     recorder: Arc<PrometheusRecorder>,
@@ -110,6 +113,11 @@ impl NodeMetrics {
                 Unit::Count,
                 "Lease requests refused, by reason (the problem kind)."
             );
+            metrics::describe_counter!(
+                "palisade_node_snapshots_applied_total",
+                Unit::Count,
+                "Snapshots from a leader this node installed."
+            );
             metrics::describe_gauge!(
                 "palisade_node_lease_pending",
                 "Lease requests waiting for a quorum round in the election loop."
@@ -127,6 +135,10 @@ impl NodeMetrics {
                 lease_rounds: metrics::counter!("palisade_node_lease_rounds_total", &labels),
                 lease_grants: metrics::counter!("palisade_node_lease_grants_total", &labels),
                 lease_pending: metrics::gauge!("palisade_node_lease_pending", &labels),
+                snapshots_applied: metrics::counter!(
+                    "palisade_node_snapshots_applied_total",
+                    &labels
+                ),
                 term: metrics::gauge!("palisade_node_term", &labels),
                 is_leader: metrics::gauge!("palisade_node_is_leader", &labels),
                 token: metrics::gauge!("palisade_node_token", &labels),

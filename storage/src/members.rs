@@ -127,11 +127,13 @@ impl MembersTable {
 
     /// The text encoding (see the module docs).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = format!("{HEADER}\nindex {}\n", self.index);
+        let mut lines = vec![HEADER.to_owned(), format!("index {}", self.index)];
         for (id, r) in &self.records {
             let kind = if r.removed { "removed" } else { "member" };
-            out.push_str(&format!("{kind} {id} {}\n", r.peer));
+            lines.push(format!("{kind} {id} {}", r.peer));
         }
+        let mut out = lines.join("\n");
+        out.push('\n');
         out.into_bytes()
     }
 

@@ -624,8 +624,10 @@ impl raft::Storage for RaftLog {
                 StorageError::SnapshotTemporarilyUnavailable,
             ));
         }
-        let mut snapshot = Snapshot::default();
-        snapshot.data = core.members.encode().into();
+        let mut snapshot = Snapshot {
+            data: core.members.encode().into(),
+            ..Snapshot::default()
+        };
         let md = snapshot.mut_metadata();
         md.index = index;
         md.term = core.term(index)?;

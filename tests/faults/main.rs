@@ -19,6 +19,8 @@
 //! - `fault_random_mix`: a seeded random mix of all of the above.
 //! - `fleet`: three proxies in fleet mode: a paused proxy, a proxy cut off from the
 //!   cluster, a proxy killed during an election, the cluster unreachable, a random mix.
+//! - `membership`: membership changes while workers write: grow 3 -> 5 -> 3, replace a
+//!   wiped node, add a member after compaction (a snapshot), refuse a reused id.
 // Tests may unwrap: a failed step panics with its cause, which is what a test should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -30,6 +32,7 @@ mod fault_paused_leader;
 mod fault_proxy_crash;
 mod fault_random_mix;
 mod fleet;
+mod membership;
 
 /// The `palisade` binary Cargo built for these tests, failpoints included.
 const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");

@@ -8,6 +8,7 @@ mod client_trust;
 mod demo;
 mod fence_cmd;
 mod keys;
+mod member_cmd;
 mod node;
 mod proxy;
 
@@ -66,6 +67,8 @@ enum Command {
     Fence(fence_cmd::FenceArgs),
     /// Read or watch a node's leadership.
     Leader(client_cmds::LeaderArgs),
+    /// Add, remove or list the cluster's members (node API).
+    Member(member_cmd::MemberArgs),
     /// Token signing keys: `keys generate --out DIR` writes token.key and token.pub.
     Keys(keys::KeysArgs),
     /// Certificates: `certs generate --out DIR --names a,b` writes a CA and one
@@ -138,6 +141,7 @@ fn main() -> ExitCode {
             Command::Delete(args) => client_cmds::delete(args).await,
             Command::Fence(args) => fence_cmd::fence(args).await,
             Command::Leader(args) => client_cmds::leader(args).await,
+            Command::Member(args) => member_cmd::run(args).await,
             Command::Keys(args) => keys::run(args),
             Command::Certs(args) => certs::run(args),
         }
@@ -166,6 +170,7 @@ impl Command {
             | Self::Delete(_)
             | Self::Fence(_)
             | Self::Leader(_)
+            | Self::Member(_)
             | Self::Keys(_)
             | Self::Certs(_) => "error",
         }

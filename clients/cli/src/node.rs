@@ -41,7 +41,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use palisade_election::{ConfigError, Node, NodeConfig, NodeError, NodeTls, StartError};
-use palisade_protocol::process::{NodeReady, TEST_FAULTS_ENV};
+use palisade_client::{ClientTls, MemberList, NodeApi};
+use palisade_election::StartOptions;
+use palisade_protocol::process::{NodeReady, TEST_FAULTS_ENV, TEST_LOG_RETAINED_ENV};
 use serde::Deserialize;
 
 /// Flags of `palisade node`.
@@ -130,6 +132,12 @@ pub struct NodeArgs {
     /// TOML file with any of the settings above; flags and environment override it.
     #[arg(long, env = "PALISADE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Join a running cluster through this member's API URL: after `palisade member add`,
+    /// start the new node with an empty --data-dir and --peers naming only itself; it
+    /// learns the members and the log from the leader. A data dir that already holds this
+    /// node's log restarts normally.
+    #[arg(long, env = "PALISADE_JOIN", value_name = "URL")]
+    pub join: Option<String>,
 }
 
 /// Why `palisade node` failed. [`NodeCommandError::exit_code`] gives the process exit code.
@@ -153,6 +161,14 @@ pub enum NodeCommandError {
     /// The node stopped on a fatal error (exit 1).
     #[error(transparent)]
     Node(#[from] NodeError),
+    /// `--join`: the cluster could not be asked for its members (exit 1).
+    #[error("cannot join through {url}: {message}")]
+    Join {
+        /// The `--join` URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl NodeCommandError {
@@ -394,14 +410,35 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
 /// Runs `palisade node` until SIGTERM/SIGINT (then hands leadership over and stops) or a
 /// fatal error.
 pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
+    let join = args.join.clone();
     let mut config = build_config(args)?;
     // Test faults (drop or delay raft traffic per peer through `POST /v1/test/faults`)
     // are for end-to-end tests only: no flag, no config key, only this variable.
     config.test_faults = std::env::var_os(TEST_FAULTS_ENV).is_some_and(|v| v == "1");
-    let mut node = Node::start(config).await.map_err(|e| match e {
-        StartError::Config(c) => NodeCommandError::Config(c),
-        other => NodeCommandError::Start(other),
-    })?;
+    let mut options = StartOptions::default();
+    // A small compaction threshold, for end-to-end tests of snapshots only: no flag, no
+    // config key, only this variable.
+    if let Some(v) = std::env::var_os(TEST_LOG_RETAINED_ENV) {
+        let n = v.to_str().and_then(|v| v.parse().ok()).ok_or_else(|| {
+            ConfigError::new(
+                "log_retained",
+                format!(
+                    "{TEST_LOG_RETAINED_ENV}={} is not a number of entries",
+                    v.to_string_lossy()
+                ),
+            )
+        })?;
+        options.log_entries_retained = Some(n);
+    }
+    if let Some(url) = join {
+        options.join = Some(join_members(&config, &url).await?);
+    }
+    let mut node = Node::start_with(config, options)
+        .await
+        .map_err(|e| match e {
+            StartError::Config(c) => NodeCommandError::Config(c),
+            other => NodeCommandError::Start(other),
+        })?;
     // A line on stdout that scripts and tests can wait for.
     let ready = NodeReady {
         id: node.id(),
@@ -420,6 +457,99 @@ pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
         None => Ok(node.shutdown().await?),
         Some(outcome) => Ok(outcome?),
     }
+}
+
+/// `--join URL`: checks the flags and the data directory, and asks the cluster for its
+/// members. A data directory that already holds a raft log restarts normally (the node
+/// checks that the log is this node's), so then an unreachable URL is no error.
+async fn join_members(config: &NodeConfig, url: &str) -> Result<MemberList, NodeCommandError> {
+    let join_error = |message: String| NodeCommandError::Join {
+        url: url.to_owned(),
+        message,
+    };
+    if config.peers.len() != 1 {
+        return Err(ConfigError::new(
+            "peers",
+            format!(
+                "with --join names only this node (--peers {}=HOST:PORT); the node learns the \
+                 other members from the cluster",
+                config.id
+            ),
+        )
+        .into());
+    }
+    let has_log = config.database_path().exists();
+    if !has_log {
+        let foreign =
+            std::fs::read_dir(&config.data_dir).is_ok_and(|mut entries| entries.next().is_some());
+        if foreign {
+            return Err(ConfigError::new(
+                "data_dir",
+                format!(
+                    "{} is not empty but holds no raft log: --join needs an empty data \
+                     directory",
+                    config.data_dir.display()
+                ),
+            )
+            .into());
+        }
+    }
+    // With TLS the node asks as itself: its certificate is from the cluster CA, which the
+    // members' APIs require of clients.
+    let api = match &config.tls {
+        None => NodeApi::new(url),
+        Some(tls) => ClientTls::new()
+            .trust_pem_file(&tls.ca)
+            .and_then(|t| t.identity_pem_files(&tls.cert, &tls.key))
+            .and_then(|t| NodeApi::with_tls(url, &t)),
+    }
+    .map_err(|e| join_error(e.to_string()))?;
+    let list = match api.members().await {
+        Ok(list) => list,
+        // The log decides; an uninitialized one is refused with "not a member yet".
+        Err(err) if has_log => {
+            tracing::warn!(url, cause = %err, "cannot ask the cluster for its members; restarting from the data directory");
+            return Ok(MemberList::default());
+        }
+        Err(err) => return Err(join_error(format!("the cluster did not answer: {err}"))),
+    };
+    if list.removed.contains(&config.id) {
+        return Err(ConfigError::new(
+            "id",
+            format!(
+                "node {} was removed from the cluster at {url} and ids are never reused: add \
+                 this machine under a new id",
+                config.id
+            ),
+        )
+        .into());
+    }
+    let Some(me) = list.members.iter().find(|m| m.id == config.id) else {
+        if has_log {
+            return Ok(list);
+        }
+        return Err(ConfigError::new(
+            "id",
+            format!(
+                "node {id} is not a member of the cluster at {url} yet: run `palisade member \
+                 add --node {url} --id {id} --peer HOST:PORT` first",
+                id = config.id
+            ),
+        )
+        .into());
+    };
+    let own = config.peers.get(&config.id).cloned().unwrap_or_default();
+    if me.peer != own {
+        return Err(ConfigError::new(
+            "peers",
+            format!(
+                "names {own} for node {}, but the cluster added it with peer address {}",
+                config.id, me.peer
+            ),
+        )
+        .into());
+    }
+    Ok(list)
 }
 
 #[cfg(test)]

@@ -217,7 +217,7 @@ impl Guard {
                     last_index: me.last_index,
                 })
             }
-            MessageType::MsgSnapshot => self.check_snapshot(m, me.id),
+            MessageType::MsgSnapshot => Self::check_snapshot(m, me.id),
             MessageType::MsgPropose
                 if m.get_entries().len() != 1
                     || m.get_entries()[0].get_entry_type()
@@ -239,7 +239,7 @@ impl Guard {
         }
     }
 
-    fn check_snapshot(&self, m: &Message, me: u64) -> Result<(), DropCause> {
+    fn check_snapshot(m: &Message, me: u64) -> Result<(), DropCause> {
         let meta = m.get_snapshot().get_metadata();
         let cs = meta.get_conf_state();
         // The membership may have changed since this node last heard (it may be joining),

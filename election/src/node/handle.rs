@@ -49,6 +49,21 @@ impl Commands {
         let _ = self.tx.send(Msg::Announced { term }).await;
     }
 
+    /// Checks and proposes a membership change; `Ok` once raft took the proposal.
+    pub(crate) async fn member_change(
+        &self,
+        change: crate::members::MemberChange,
+    ) -> Result<(), crate::members::MemberError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Msg::Member { change, reply })
+            .await
+            .map_err(|_| crate::members::MemberError::Stopped)?;
+        answer
+            .await
+            .map_err(|_| crate::members::MemberError::Stopped)?
+    }
+
     /// Whether the loop is still running (it closes its inbox when it stops).
     pub(crate) fn is_running(&self) -> bool {
         !self.tx.is_closed()
@@ -69,6 +84,7 @@ pub struct NodeHandle {
     pub(super) api_addr: Option<SocketAddr>,
     pub(super) peer_addr: Option<SocketAddr>,
     pub(super) metrics: NodeMetrics,
+    pub(super) members: watch::Receiver<palisade_protocol::MemberList>,
 }
 
 impl std::fmt::Debug for NodeHandle {
@@ -108,6 +124,34 @@ impl NodeHandle {
     /// The address the peer listener is bound to (TCP transport only).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer_addr
+    }
+
+    /// A watch of the cluster's members as this node applied them (`GET /v1/members`
+    /// answers the same); it changes after each membership change or installed snapshot.
+    pub fn members(&self) -> watch::Receiver<palisade_protocol::MemberList> {
+        self.members.clone()
+    }
+
+    /// Adds member `id` at peer address `peer` (`HOST:PORT`) through raft's joint
+    /// consensus, and waits until this node applied it (at most
+    /// [`crate::MEMBER_CHANGE_TIMEOUT_MS`]). On a follower the proposal goes to the leader.
+    pub async fn add_member(
+        &self,
+        id: u64,
+        peer: String,
+    ) -> Result<palisade_protocol::MemberList, crate::MemberError> {
+        let change = crate::members::MemberChange::Add { id, peer };
+        crate::members::change_and_wait(&self.commands, &self.members, change).await
+    }
+
+    /// Removes member `id` (never the leader: move leadership first), and waits like
+    /// [`NodeHandle::add_member`]. The id is never accepted again.
+    pub async fn remove_member(
+        &self,
+        id: u64,
+    ) -> Result<palisade_protocol::MemberList, crate::MemberError> {
+        let change = crate::members::MemberChange::Remove { id };
+        crate::members::change_and_wait(&self.commands, &self.members, change).await
     }
 
     /// The node's metrics in Prometheus text format.

@@ -21,11 +21,14 @@
 //!   confirms this node's leadership.
 //! - `guard`: the last check of every peer message before `step` (defence in depth).
 //! - `signer`: loading `--token-key` and `--announce-token-file`, and signing proofs.
+//! - `membership`: membership changes in the loop (proposing, applying with the members
+//!   table, snapshots), the start-up table and joining, and the wiped-storage stop.
 
 mod error;
 mod guard;
 mod handle;
 mod lease;
+mod membership;
 mod publish;
 mod ready;
 mod signer;
@@ -44,7 +47,7 @@ use tracing::{Instrument as _, info, info_span, warn};
 
 use palisade_protocol::Scope;
 use palisade_protocol::process::{TEST_FAULTS_ENV, events};
-use palisade_storage::{RaftLog, RaftLogError};
+use palisade_storage::RaftLog;
 
 use crate::config::{ConfigError, NodeConfig};
 use crate::leadership::Leadership;
@@ -59,6 +62,7 @@ pub use error::{LeaseError, NodeError, StartError, TransferError};
 pub use guard::TERM_ACCEPTED_MAX;
 pub(crate) use handle::Commands;
 pub use handle::NodeHandle;
+pub use membership::StartOptions;
 pub use lease::LEASE_ROUND_TIMEOUT_MS;
 pub(crate) use lease::LeaseReply;
 pub use palisade_protocol::Transferred;
@@ -98,6 +102,11 @@ pub(crate) enum Msg {
     Announced { term: u64 },
     /// A lease request: answer with the term a quorum confirmed after it arrived.
     Lease { reply: LeaseReply },
+    /// A membership change: check and propose it; the reply says whether raft took it.
+    Member {
+        change: crate::members::MemberChange,
+        reply: membership::MemberReply,
+    },
 }
 
 /// Entry point for running a node.
@@ -109,6 +118,15 @@ impl Node {
     /// HTTP API when `config.api` is set.
     #[tracing::instrument(skip_all, fields(node_id = config.id))]
     pub async fn start(config: NodeConfig) -> Result<NodeHandle, StartError> {
+        Self::start_with(config, StartOptions::default()).await
+    }
+
+    /// [`Node::start`] with [`StartOptions`]: joining a running cluster, compaction.
+    #[tracing::instrument(skip_all, fields(node_id = config.id))]
+    pub async fn start_with(
+        config: NodeConfig,
+        options: StartOptions,
+    ) -> Result<NodeHandle, StartError> {
         config.validate()?;
         let path = config.database_path();
         let log = blocking_start(move || {
@@ -116,22 +134,32 @@ impl Node {
             Ok::<_, StartError>(RaftLog::open(db)?)
         })
         .await?;
-        start(config, log, TransportSpec::Tcp).await
+        start(config, log, TransportSpec::Tcp, options).await
     }
 
     /// Starts a node whose peers are reached over the in-memory `net`, with its raft log in
     /// `db` (typically an in-memory redb). `config.data_dir` is not used. For tests.
     pub async fn start_in_memory(
+        config: NodeConfig,
+        db: Arc<redb::Database>,
+        net: &MemNetwork,
+    ) -> Result<NodeHandle, StartError> {
+        Self::start_in_memory_with(config, db, net, StartOptions::default()).await
+    }
+
+    /// [`Node::start_in_memory`] with [`StartOptions`]. For tests.
+    pub async fn start_in_memory_with(
         mut config: NodeConfig,
         db: Arc<redb::Database>,
         net: &MemNetwork,
+        options: StartOptions,
     ) -> Result<NodeHandle, StartError> {
         if config.data_dir.as_os_str().is_empty() {
             config.data_dir = "<memory>".into();
         }
         config.validate()?;
         let log = blocking_start(move || Ok::<_, StartError>(RaftLog::open(db)?)).await?;
-        start(config, log, TransportSpec::Memory(net.clone())).await
+        start(config, log, TransportSpec::Memory(net.clone()), options).await
     }
 }
 
@@ -152,24 +180,11 @@ async fn start(
     config: NodeConfig,
     log: RaftLog,
     transport: TransportSpec,
+    options: StartOptions,
 ) -> Result<NodeHandle, StartError> {
     let id = config.id;
-    let voters: Vec<u64> = config.peers.keys().copied().collect();
-    {
-        let log = log.clone();
-        blocking_start(move || match log.initialize(&voters) {
-            Err(RaftLogError::ConfStateMismatch { stored, configured }) => Err(ConfigError::new(
-                "peers",
-                format!(
-                    "names voters {configured:?} but this node's log was created with \
-                         {stored:?}; membership changes are not supported"
-                ),
-            )
-            .into()),
-            other => Ok(other?),
-        })
-        .await?;
-    }
+    let members_table = membership::prepare(&config, &log, options.join.as_ref()).await?;
+    let own_peer = config.peers.get(&id).cloned().unwrap_or_default();
     // `validate` checked the scope already; this turns it into the API's type.
     let scope = Scope::new(config.scope.clone())
         .map_err(|err| ConfigError::new("scope", err.to_string()))?;
@@ -193,6 +208,12 @@ async fn start(
         RawNode::new(&raft_config, log.clone(), &logger)?
     };
     let hard_state = log.hard_state();
+    // Every member this node talks raft with, at the addresses of the members table (a
+    // joining node has no conf state yet, but the table the cluster answered).
+    let peers = crate::members::peer_map(&members_table, &log.conf_state(), id, &own_peer);
+    let (members_tx, members_rx) =
+        watch::channel(crate::members::view(&members_table, &log.conf_state()));
+
 
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -202,7 +223,7 @@ async fn start(
     let faults = Arc::new(LinkFaults::new(
         config.test_faults && matches!(transport, TransportSpec::Tcp),
         id,
-        config.peers.keys().copied(),
+        peers.keys().copied(),
     ));
     if faults.is_enabled() {
         warn!(
@@ -215,7 +236,7 @@ async fn start(
         TransportSpec::Tcp => {
             let (t, addr) = crate::transport::tcp::start(
                 id,
-                &config.peers,
+                &peers,
                 inbox,
                 Arc::clone(&faults),
                 tls.as_ref(),
@@ -282,6 +303,7 @@ async fn start(
                         metrics: metrics.clone(),
                         leases: crate::lease::LeaseApi::from_config(&config),
                         faults: faults.is_enabled().then(|| Arc::clone(&faults)),
+                        members: members_rx.clone(),
                         shutdown: shutdown.clone(),
                     },
                     tls.as_ref().map(|t| t.api_acceptor.clone()),
@@ -309,7 +331,7 @@ async fn start(
         transfer_ticks: TRANSFER_TIMEOUT_ELECTIONS * config.election_ticks,
         shutdown: shutdown.clone(),
         guard: Guard {
-            voters: config.peers.keys().copied().collect(),
+            voters: peers.keys().copied().collect(),
             max_term_gap: config.max_term_gap,
         },
         drop_log: guard::DropLog::default(),
@@ -317,6 +339,15 @@ async fn start(
         leases: lease::LeaseRounds::default(),
         release_wait: config.lease_release_wait(),
         established_at: None,
+        membership: membership::Membership {
+            table: members_table,
+            tx: members_tx,
+            own_peer,
+            compact_to_applied: false,
+            lost: None,
+            retained: options.log_entries_retained.unwrap_or(LOG_ENTRIES_RETAINED),
+            compact_step: options.log_entries_retained.unwrap_or(LOG_COMPACT_STEP),
+        },
     };
     let main = tokio::spawn(
         election_loop
@@ -348,5 +379,6 @@ async fn start(
         api_addr,
         peer_addr,
         metrics,
+        members: members_rx,
     })
 }

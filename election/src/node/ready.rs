@@ -6,8 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfChangeV2, Entry, EntryType, Message, MessageType};
+use raft::eraftpb::{Entry, Message, MessageType};
 use raft::{RawNode, SnapshotStatus, Storage as _};
 use tokio::sync::{mpsc, watch};
 use tokio::time::MissedTickBehavior;
@@ -22,7 +21,7 @@ use super::lease::LeaseRounds;
 use super::signer::TokenSigner;
 use super::transfer::PendingTransfer;
 use super::{
-    INBOX_BATCH_MAX, LOG_COMPACT_STEP, LOG_ENTRIES_RETAINED, LeaseError, Msg, NodeError,
+    INBOX_BATCH_MAX, LeaseError, Msg, NodeError,
     READY_ROUNDS_MAX, TransferError,
 };
 use crate::leadership::{Leadership, Role};
@@ -70,6 +69,8 @@ pub(super) struct ElectionLoop {
     pub(super) release_wait: Option<Duration>,
     /// The term this node is established in and when (monotonic clock) it saw that.
     pub(super) established_at: Option<(u64, tokio::time::Instant)>,
+    /// The members table and its watchers (see `membership`).
+    pub(super) membership: super::membership::Membership,
 }
 
 impl ElectionLoop {
@@ -103,6 +104,10 @@ impl ElectionLoop {
                     Ok(msg) => self.on_msg(msg),
                     Err(_) => break,
                 }
+            }
+            // A heartbeat showed that this node's storage lost acknowledged entries.
+            if let Some(err) = self.membership.lost.take() {
+                break Err(err);
             }
             // A step-down (check-quorum in `tick`, a higher term in `step`) or a transfer
             // takes the token away now, not after the Ready's fsync. Only the withdrawal is
@@ -156,9 +161,13 @@ impl ElectionLoop {
                 entries: ready.take_entries(),
                 hard_state: ready.hs().cloned(),
             };
+            let snapshot_index = write.snapshot.as_ref().map(|s| s.get_metadata().index);
             if !write.is_empty() {
                 let log = self.log.clone();
                 blocking(move || log.persist(&write)).await?;
+            }
+            if let Some(index) = snapshot_index {
+                self.on_snapshot_installed(index);
             }
 
             // 3. Only now send what depends on that write: vote grants and append acks. A
@@ -200,6 +209,7 @@ impl ElectionLoop {
             // 5d. Tell raft they are applied; without this `applied` freezes and the leader
             //     never becomes established.
             self.raw_node.advance_apply();
+            self.log.set_applied(self.raw_node.raft.raft_log.applied);
 
             // 6. Report peers we could not send to, only now that advance has run: both
             //    calls step raft internally, which must not happen inside a Ready.
@@ -231,6 +241,7 @@ impl ElectionLoop {
             Msg::Raft(m) => {
                 let (from, kind) = (m.from, m.get_msg_type());
                 if let Err(cause) = self.guard.check(&m, &self.local_state()) {
+                    self.check_storage_lost(&m, &cause);
                     let reason = cause.reason();
                     self.metrics.inbound_dropped(reason);
                     if let Some(unlogged) =
@@ -256,6 +267,7 @@ impl ElectionLoop {
             }
             Msg::Transfer { to, reply } => self.start_transfer(to, reply),
             Msg::Lease { reply } => self.on_lease(reply),
+            Msg::Member { change, reply } => self.on_member_request(&change, reply),
             Msg::Announced { term } => {
                 // The term is released (when held back) by the next `publish`.
                 let announced = self.leadership.send_if_modified(|l| {
@@ -295,51 +307,25 @@ impl ElectionLoop {
         }
     }
 
-    /// Applies committed entries: only conf changes have an effect.
+    /// Applies committed entries: only conf changes have an effect (see `membership`).
     async fn apply(&mut self, entries: Vec<Entry>) -> Result<(), NodeError> {
         for entry in entries {
-            let cs = match entry.get_entry_type() {
-                EntryType::EntryNormal => continue,
-                // No API proposes conf changes; a committed one still has to be applied for
-                // the cluster to agree on membership.
-                EntryType::EntryConfChange => {
-                    let mut cc = ConfChange::default();
-                    if let Err(err) = cc.merge_from_bytes(&entry.data) {
-                        warn!(index = entry.index, cause = %err, "undecodable conf change skipped");
-                        continue;
-                    }
-                    self.raw_node.apply_conf_change(&cc)
-                }
-                EntryType::EntryConfChangeV2 => {
-                    let mut cc = ConfChangeV2::default();
-                    if let Err(err) = cc.merge_from_bytes(&entry.data) {
-                        warn!(index = entry.index, cause = %err, "undecodable conf change skipped");
-                        continue;
-                    }
-                    self.raw_node.apply_conf_change(&cc)
-                }
-            };
-            match cs {
-                Ok(cs) => {
-                    info!(index = entry.index, voters = ?cs.voters, "conf change applied");
-                    let log = self.log.clone();
-                    blocking(move || log.set_conf_state(&cs)).await?;
-                }
-                Err(err) => warn!(index = entry.index, cause = %err, "conf change refused"),
-            }
+            self.apply_conf_entry(&entry).await?;
         }
         Ok(())
     }
 
-    /// Compacts the log once enough applied entries accumulated.
+    /// Compacts the log once enough applied entries accumulated, or up to the applied
+    /// index right after a member was added (it then catches up from a snapshot).
     async fn maybe_compact(&mut self) -> Result<(), NodeError> {
         let applied = self.raw_node.raft.raft_log.applied;
         let first = self.raw_node.store().first_index().unwrap_or(1);
-        if applied + 1 >= first + LOG_ENTRIES_RETAINED + LOG_COMPACT_STEP {
-            let to = applied + 1 - LOG_ENTRIES_RETAINED;
+        if let Some(to) = self.compaction_target(applied, first) {
             let log = self.log.clone();
             blocking(move || log.compact(to)).await?;
-            debug!(first_index = to, applied, "raft log compacted");
+            // Info, not debug: it happens once per thousand entries (or when a member is
+            // added), and tests of snapshots look for it.
+            info!(node_id = self.id, first_index = to, applied, "raft log compacted");
         }
         Ok(())
     }
@@ -383,6 +369,9 @@ impl ElectionLoop {
                 Msg::Lease { reply } => {
                     let _ = reply.send(Err(LeaseError::Stopped));
                 }
+                Msg::Member { reply, .. } => {
+                    let _ = reply.send(Err(crate::members::MemberError::Stopped));
+                }
                 Msg::Raft(_) | Msg::Announced { .. } => {}
             }
         }
@@ -417,7 +406,7 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
 }
 
 /// Runs a raft-log write on the blocking pool.
-async fn blocking(
+pub(super) async fn blocking(
     f: impl FnOnce() -> Result<(), RaftLogError> + Send + 'static,
 ) -> Result<(), NodeError> {
     tokio::task::spawn_blocking(f)

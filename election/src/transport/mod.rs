@@ -14,6 +14,8 @@ pub mod faults;
 pub mod mem;
 pub(crate) mod tcp;
 
+use std::collections::BTreeMap;
+
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 use tokio::sync::mpsc;
@@ -46,6 +48,10 @@ pub enum Delivery {
 pub(crate) trait Transport: Send + 'static {
     /// Queues `msg` for `msg.to`, or drops it.
     fn send(&mut self, msg: Message) -> Delivery;
+    /// Follows a membership change: every id in `peers` (this node included) is reachable
+    /// at its address from now on, and links to other ids are closed. The in-memory
+    /// network reaches every attached node anyway.
+    fn set_peers(&mut self, _peers: &BTreeMap<u64, String>) {}
 }
 
 /// The sending side of a node's inbox, for transports to deliver checked messages.

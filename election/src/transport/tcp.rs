@@ -81,15 +81,91 @@ struct Outgoing {
 struct PeerLink {
     queue: mpsc::Sender<Outgoing>,
     connected: Arc<AtomicBool>,
+    /// The address the writer dials.
+    addr: String,
+    /// Stops this writer alone (a child of the node's shutdown), when the peer leaves the
+    /// cluster or moves to another address.
+    stop: CancellationToken,
 }
+
+/// The ids the listener accepts handshakes from; membership changes update it.
+type KnownPeers = Arc<std::sync::RwLock<Vec<u64>>>;
 
 /// The TCP transport of one node.
 pub(crate) struct TcpTransport {
     links: HashMap<u64, PeerLink>,
     faults: Arc<LinkFaults>,
+    /// What new writers need (peers added by a membership change).
+    id: u64,
+    tls: Option<TlsConnector>,
+    shutdown: CancellationToken,
+    known: KnownPeers,
+}
+
+impl TcpTransport {
+    /// Starts the writer of `peer` at `addr`; `tasks` when starting, else a detached task
+    /// (it ends with its own token or the node's shutdown).
+    fn spawn_link(&mut self, peer: u64, addr: &str, tasks: Option<&mut JoinSet<()>>) {
+        let (tx, rx) = mpsc::channel(PEER_QUEUE_MAX);
+        let connected = Arc::new(AtomicBool::new(false));
+        let stop = self.shutdown.child_token();
+        let writer = run_writer(
+            self.id,
+            peer,
+            addr.to_owned(),
+            rx,
+            connected.clone(),
+            self.tls.clone(),
+            stop.clone(),
+        )
+        .instrument(info_span!("peer_writer", node_id = self.id, peer_id = peer));
+        match tasks {
+            Some(tasks) => {
+                tasks.spawn(writer);
+            }
+            None => {
+                tokio::spawn(writer);
+            }
+        }
+        self.links.insert(
+            peer,
+            PeerLink {
+                queue: tx,
+                connected,
+                addr: addr.to_owned(),
+                stop,
+            },
+        );
+    }
 }
 
 impl Transport for TcpTransport {
+    fn set_peers(&mut self, peers: &BTreeMap<u64, String>) {
+        let gone: Vec<u64> = self
+            .links
+            .iter()
+            .filter(|(id, link)| peers.get(id) != Some(&link.addr))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let Some(link) = self.links.remove(&id) {
+                link.stop.cancel();
+                info!(node_id = self.id, peer_id = id, addr = %link.addr, "peer link closed");
+            }
+        }
+        for (&id, addr) in peers {
+            if id != self.id && !self.links.contains_key(&id) {
+                info!(node_id = self.id, peer_id = id, %addr, "peer link opened");
+                self.spawn_link(id, addr, None);
+            }
+        }
+        let mut known = self
+            .known
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *known = peers.keys().copied().collect();
+    }
+
     fn send(&mut self, msg: Message) -> Delivery {
         let Some(link) = self.links.get(&msg.to) else {
             return Delivery::Unreachable;
@@ -127,12 +203,12 @@ pub(crate) async fn start(
         .ok_or_else(|| io::Error::other(format!("node {id} has no peer address")))?;
     let listener = TcpListener::bind(own.as_str()).await?;
     let local = listener.local_addr()?;
-    let known: Vec<u64> = peers.keys().copied().collect();
+    let known: KnownPeers = Arc::new(std::sync::RwLock::new(peers.keys().copied().collect()));
     tasks.spawn(
         run_listener(
             listener,
             id,
-            known,
+            Arc::clone(&known),
             inbox,
             Arc::clone(&faults),
             tls.map(|t| t.peer_acceptor.clone()),
@@ -140,31 +216,18 @@ pub(crate) async fn start(
         )
         .instrument(info_span!("peer_listener", node_id = id)),
     );
-    let mut links = HashMap::new();
+    let mut transport = TcpTransport {
+        links: HashMap::new(),
+        faults,
+        id,
+        tls: tls.map(|t| t.peer_connector.clone()),
+        shutdown: shutdown.clone(),
+        known,
+    };
     for (&peer, addr) in peers.iter().filter(|(p, _)| **p != id) {
-        let (tx, rx) = mpsc::channel(PEER_QUEUE_MAX);
-        let connected = Arc::new(AtomicBool::new(false));
-        tasks.spawn(
-            run_writer(
-                id,
-                peer,
-                addr.clone(),
-                rx,
-                connected.clone(),
-                tls.map(|t| t.peer_connector.clone()),
-                shutdown.clone(),
-            )
-            .instrument(info_span!("peer_writer", node_id = id, peer_id = peer)),
-        );
-        links.insert(
-            peer,
-            PeerLink {
-                queue: tx,
-                connected,
-            },
-        );
+        transport.spawn_link(peer, addr, Some(&mut *tasks));
     }
-    Ok((TcpTransport { links, faults }, local))
+    Ok((transport, local))
 }
 
 /// The receiving half of a dialed peer connection, plaintext or TLS (only read to learn
@@ -400,7 +463,7 @@ async fn write_batch(
 async fn run_listener(
     listener: TcpListener,
     id: u64,
-    known: Vec<u64>,
+    known: KnownPeers,
     inbox: PeerInbox,
     faults: Arc<LinkFaults>,
     tls: Option<TlsAcceptor>,
@@ -433,7 +496,12 @@ async fn run_listener(
         };
         let ctx = ReaderCtx {
             id,
-            known: known.clone(),
+            // The members as of this accept: a peer removed later is refused at its next
+            // connection, and its messages meanwhile by the election loop's guard.
+            known: known
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
             inbox: inbox.clone(),
             faults: Arc::clone(&faults),
             shutdown: shutdown.clone(),

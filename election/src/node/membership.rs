@@ -1,0 +1,372 @@
+//! The election loop's side of membership changes (the rules are in [`crate::members`]):
+//! proposing a change, applying committed conf changes together with the members table,
+//! installing a snapshot's table, keeping the guard and the transport in step with the
+//! members, and refusing to go on when this node's storage lost acknowledged entries.
+
+use palisade_protocol::MemberList;
+use palisade_protocol::process::events;
+use palisade_storage::MembersTable;
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeV2, Entry, EntryType, Message, MessageType};
+use tokio::sync::{oneshot, watch};
+use tracing::{error, info, warn};
+
+use super::NodeError;
+use super::guard::DropCause;
+use super::ready::{ElectionLoop, blocking};
+use crate::members::{self, MemberChange, MemberError};
+
+/// A membership request waiting for the loop: the change and where the outcome of its
+/// proposal goes (the API then waits for the change to be applied).
+pub(crate) type MemberReply = oneshot::Sender<Result<(), MemberError>>;
+
+/// The loop's membership state.
+pub(crate) struct Membership {
+    /// The members table as of the applied index (or, on a node still joining, the
+    /// table the cluster answered, until a snapshot brings the real one).
+    pub(crate) table: MembersTable,
+    /// The published view, for the API and the embedding application.
+    pub(crate) tx: watch::Sender<MemberList>,
+    /// This node's own peer address (what it listens on).
+    pub(crate) own_peer: String,
+    /// Compact the log up to the applied index after this Ready: a member was added, and
+    /// it must catch up from a snapshot (which carries the members table), never from
+    /// entry 1 (the initial membership is in no entry).
+    pub(crate) compact_to_applied: bool,
+    /// Set when this node must stop: its storage lost entries the cluster acknowledged.
+    pub(crate) lost: Option<NodeError>,
+    /// Entries kept behind the applied index at compaction ([`super::LOG_ENTRIES_RETAINED`]
+    /// unless a start option says otherwise).
+    pub(crate) retained: u64,
+    /// Compaction runs once this many more entries than `retained` accumulated
+    /// ([`super::LOG_COMPACT_STEP`] unless a start option says otherwise; at least 1).
+    pub(crate) compact_step: u64,
+}
+
+impl ElectionLoop {
+    /// Checks and proposes a membership change; answers once raft took the proposal (or
+    /// forwarded it to the leader). The caller waits for the change to be applied.
+    pub(super) fn on_member_request(&mut self, change: &MemberChange, reply: MemberReply) {
+        let outcome = self.propose_member_change(change);
+        if let Err(err) = &outcome {
+            info!(node_id = self.id, change = ?change, cause = %err, "membership change refused");
+        } else {
+            info!(
+                node_id = self.id,
+                change = ?change,
+                term = self.raw_node.raft.term,
+                "membership change proposed"
+            );
+        }
+        let _ = reply.send(outcome);
+    }
+
+    fn propose_member_change(&mut self, change: &MemberChange) -> Result<(), MemberError> {
+        let leader = self.leader_id().ok_or(MemberError::NoLeader)?;
+        let cs = self.raw_node.raft.prs().conf().to_conf_state();
+        members::check(&self.membership.table, &cs, Some(leader), change)?;
+        if self.raw_node.raft.has_pending_conf() {
+            return Err(MemberError::Pending);
+        }
+        let (cc, context) = members::conf_change(change);
+        // On a follower raft forwards the proposal to the leader (a `MsgPropose`, which
+        // the leader's guard lets through for conf changes only).
+        self.raw_node
+            .propose_conf_change(context, cc)
+            .map_err(|e| MemberError::Refused {
+                detail: e.to_string(),
+            })
+    }
+
+    /// Applies one committed conf-change entry: checks it against the table (every node
+    /// decides the same), applies it to raft, and stores the conf state and the table in
+    /// one transaction. Entries already reflected in the stored table (re-applied after a
+    /// restart) are skipped: raft started from the stored conf state, which includes them.
+    pub(super) async fn apply_conf_entry(&mut self, entry: &Entry) -> Result<(), NodeError> {
+        if entry.index <= self.membership.table.index {
+            return Ok(());
+        }
+        let cc = match entry.get_entry_type() {
+            EntryType::EntryNormal => return Ok(()),
+            EntryType::EntryConfChange => {
+                let mut cc = ConfChange::default();
+                if let Err(err) = cc.merge_from_bytes(&entry.data) {
+                    warn!(index = entry.index, cause = %err, "undecodable conf change skipped");
+                    return Ok(());
+                }
+                // A legacy single change, as raft-rs itself converts it.
+                let mut single = raft::eraftpb::ConfChangeSingle::default();
+                single.set_change_type(cc.get_change_type());
+                single.node_id = cc.node_id;
+                let mut v2 = ConfChangeV2::default();
+                v2.set_changes(vec![single].into());
+                v2
+            }
+            EntryType::EntryConfChangeV2 => {
+                let mut cc = ConfChangeV2::default();
+                if let Err(err) = cc.merge_from_bytes(&entry.data) {
+                    warn!(index = entry.index, cause = %err, "undecodable conf change skipped");
+                    return Ok(());
+                }
+                cc
+            }
+        };
+        let table =
+            match members::apply_to_table(&self.membership.table, &cc, &entry.context, entry.index)
+            {
+                Ok(table) => table,
+                Err(err) => {
+                    // Not applied to raft either: every node refuses the same entry.
+                    warn!(
+                        node_id = self.id,
+                        index = entry.index,
+                        cause = %err,
+                        "conf change refused"
+                    );
+                    return Ok(());
+                }
+            };
+        let cs = match self.raw_node.apply_conf_change(&cc) {
+            Ok(cs) => cs,
+            Err(err) => {
+                warn!(node_id = self.id, index = entry.index, cause = %err, "conf change refused by raft");
+                return Ok(());
+            }
+        };
+        let added = cc
+            .get_changes()
+            .iter()
+            .any(|c| c.get_change_type() != raft::eraftpb::ConfChangeType::RemoveNode);
+        let log = self.log.clone();
+        let (stored_cs, stored_table) = (cs.clone(), table.clone());
+        blocking(move || log.apply_membership(&stored_cs, &stored_table)).await?;
+        for c in cc.get_changes() {
+            let id = c.node_id;
+            let (change, peer) = match c.get_change_type() {
+                raft::eraftpb::ConfChangeType::RemoveNode => ("remove", None),
+                _ => ("add", table.records.get(&id).map(|r| r.peer.clone())),
+            };
+            info!(
+                event = events::MEMBERSHIP_CHANGED,
+                node_id = self.id,
+                change,
+                member_id = id,
+                peer = peer.as_deref().unwrap_or(""),
+                index = entry.index,
+                term = self.raw_node.raft.term,
+                voters = ?cs.voters,
+                voters_outgoing = ?cs.voters_outgoing,
+                "membership changed"
+            );
+        }
+        if cc.get_changes().is_empty() {
+            info!(
+                event = events::MEMBERSHIP_CHANGED,
+                node_id = self.id,
+                change = "leave-joint",
+                index = entry.index,
+                term = self.raw_node.raft.term,
+                voters = ?cs.voters,
+                "membership changed"
+            );
+        }
+        self.membership.table = table;
+        if added {
+            self.membership.compact_to_applied = true;
+        }
+        self.on_members_changed();
+        if self.membership.table.is_removed(self.id) && !members::is_joint(&cs) {
+            warn!(
+                node_id = self.id,
+                index = entry.index,
+                "this node was removed from the cluster; it no longer votes or campaigns: \
+                 stop it (its id is never reused)"
+            );
+        }
+        Ok(())
+    }
+
+    /// After a snapshot from the leader was persisted: its members table is now the
+    /// stored one.
+    pub(super) fn on_snapshot_installed(&mut self, index: u64) {
+        self.membership.table = self.log.members();
+        self.metrics.snapshots_applied.increment(1);
+        info!(
+            event = events::SNAPSHOT_APPLIED,
+            node_id = self.id,
+            index,
+            term = self.raw_node.raft.term,
+            members = ?self.membership.table.members().keys().collect::<Vec<_>>(),
+            "snapshot applied"
+        );
+        self.on_members_changed();
+    }
+
+    /// Brings the guard, the transport and the published view in step with the table
+    /// and raft's conf state.
+    pub(super) fn on_members_changed(&mut self) {
+        let cs = self.raw_node.raft.prs().conf().to_conf_state();
+        let peers = members::peer_map(
+            &self.membership.table,
+            &cs,
+            self.id,
+            &self.membership.own_peer,
+        );
+        self.guard.voters = peers.keys().copied().collect();
+        self.transport.set_peers(&peers);
+        let view = members::view(&self.membership.table, &cs);
+        self.membership.tx.send_if_modified(|v| {
+            if *v == view {
+                false
+            } else {
+                *v = view;
+                true
+            }
+        });
+    }
+
+    /// Called for a peer message the guard dropped: a heartbeat whose commit index is
+    /// beyond this node's log means the leader counts entries this node acknowledged and
+    /// no longer has (a leader sends a follower at most the index it acknowledged). The
+    /// storage was wiped or replaced; going on would let this node vote again in terms it
+    /// already voted in. It stops.
+    pub(super) fn check_storage_lost(&mut self, m: &Message, cause: &DropCause) {
+        if m.get_msg_type() != MessageType::MsgHeartbeat || self.membership.lost.is_some() {
+            return;
+        }
+        if let DropCause::CommitBeyondLog { commit, last_index } = *cause {
+            let err = NodeError::StorageLost {
+                id: self.id,
+                leader_id: m.from,
+                commit,
+                last_index,
+            };
+            error!(
+                event = events::STORAGE_LOST,
+                node_id = self.id,
+                leader_id = m.from,
+                term = m.term,
+                commit,
+                last_index,
+                cause = %err,
+                "storage lost acknowledged entries; stopping"
+            );
+            self.membership.lost = Some(err);
+        }
+    }
+
+    /// The compaction target, if the log should be compacted now: everything up to the
+    /// applied index right after a member was added, else `retained` entries behind it
+    /// once `compact_step` more accumulated.
+    pub(super) fn compaction_target(&mut self, applied: u64, first: u64) -> Option<u64> {
+        if std::mem::take(&mut self.membership.compact_to_applied) && applied + 1 > first {
+            return Some(applied + 1);
+        }
+        let (retained, step) = (
+            self.membership.retained,
+            self.membership.compact_step.max(1),
+        );
+        if applied + 1 >= first.saturating_add(retained).saturating_add(step) {
+            return Some(applied + 1 - retained);
+        }
+        None
+    }
+}
+
+/// How a node starts, beyond its [`crate::NodeConfig`].
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// Join a running cluster (`palisade node --join URL`): the member list a member
+    /// answered, which must name this node. A node with an empty log then does not
+    /// create a membership of its own (it must never elect itself alone): it waits for
+    /// the leader's snapshot. A node whose log already has the cluster restarts normally.
+    pub join: Option<MemberList>,
+    /// Entries kept behind the applied index when the log is compacted, and compacted at
+    /// once when as many more accumulated. `None`: [`super::LOG_ENTRIES_RETAINED`] and
+    /// [`super::LOG_COMPACT_STEP`]. Small values make compaction (and snapshots) happen
+    /// in tests.
+    pub log_entries_retained: Option<u64>,
+}
+
+/// Prepares the members table a node starts with, initializing a new log from `--peers`
+/// unless the node joins. Refuses a removed id and a log that belongs to another node.
+pub(super) async fn prepare(
+    config: &crate::config::NodeConfig,
+    log: &palisade_storage::RaftLog,
+    join: Option<&MemberList>,
+) -> Result<MembersTable, super::StartError> {
+    use crate::config::ConfigError;
+    let id = config.id;
+    let peers = config.peers.clone();
+    let join = join.cloned();
+    let log = log.clone();
+    super::blocking_start(move || {
+        if log.is_initialized() {
+            let cs = log.conf_state();
+            let mut table = log.members();
+            if table.is_empty() {
+                // A log written before membership changes: its voters are the members,
+                // at the addresses `--peers` gives.
+                let mut initial = std::collections::BTreeMap::new();
+                for voter in &cs.voters {
+                    let addr = peers.get(voter).ok_or_else(|| {
+                        ConfigError::new(
+                            "peers",
+                            format!("does not name voter {voter} of this node's log"),
+                        )
+                    })?;
+                    initial.insert(*voter, addr.clone());
+                }
+                table = MembersTable::initial(&initial);
+            }
+            if table.is_removed(id) {
+                return Err(ConfigError::new(
+                    "id",
+                    format!(
+                        "node {id} was removed from the cluster (this data directory still \
+                         holds its log); ids are never reused: add this machine under a new \
+                         id and start it with --join and an empty data directory"
+                    ),
+                )
+                .into());
+            }
+            let in_conf = members::conf_ids(&cs).any(|v| v == id);
+            if !in_conf && !table.is_member(id) {
+                return Err(ConfigError::new(
+                    "data_dir",
+                    format!(
+                        "holds the raft log of a cluster whose members {:?} do not include \
+                         node {id}: it belongs to another node or cluster; use an empty \
+                         data directory",
+                        table.members().keys().collect::<Vec<_>>()
+                    ),
+                )
+                .into());
+            }
+            return Ok(table);
+        }
+        if let Some(list) = join {
+            if list.removed.contains(&id) {
+                return Err(ConfigError::new(
+                    "id",
+                    format!("node {id} was removed from the cluster; ids are never reused"),
+                )
+                .into());
+            }
+            if !list.members.iter().any(|m| m.id == id) {
+                return Err(ConfigError::new(
+                    "id",
+                    format!(
+                        "node {id} is not a member of the cluster yet: run `palisade member \
+                             add --node URL --id {id} --peer HOST:PORT` first"
+                    ),
+                )
+                .into());
+            }
+            return Ok(members::table_from_list(&list));
+        }
+        log.initialize_members(&peers)?;
+        Ok(log.members())
+    })
+    .await
+}
