@@ -22,6 +22,10 @@
 //! - `lease`: fleet leases: [`LeaseRequest`], [`LeaseGrant`], `POST /v1/lease`.
 //! - `store`: the embedded object store's answers: [`StoredObject`], [`KeyList`].
 //! - `proof`: the bytes a token proof signs ([`proof::proof_message`]).
+//! - `audit`: the audit log's line, [`AuditRecord`], its event names, RFC 3339 times
+//!   and the names of rotated files.
+//! - `status`: a proxy's status snapshot ([`ProxyStatus`], `GET /v1/status`), which its
+//!   HTML status page renders.
 //! - `process`: ready lines, failpoint lines, environment variable names, log event names.
 //! - `server` (feature `server`): the control-plane stack on axum: problem+json errors,
 //!   extractors, and the accept loop the admin API and the node API share.
@@ -30,6 +34,7 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod audit;
 pub mod headers;
 pub mod lease;
 pub mod node;
@@ -39,6 +44,7 @@ pub mod proof;
 pub mod scope;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod status;
 pub mod store;
 #[cfg(feature = "server")]
 pub mod tls;
@@ -47,6 +53,7 @@ pub mod token;
 pub use admin::{
     AdvanceRequest, AdvanceResponse, FenceList, FenceView, ResetRequest, ResetResponse,
 };
+pub use audit::AuditRecord;
 pub use lease::{LeaseGrant, LeaseRequest, LeaseView};
 pub use node::{
     FaultSpec, Health, LeaderView, LongPoll, Member, MemberAdd, MemberList, Role, TransferRequest,
@@ -54,5 +61,6 @@ pub use node::{
 };
 pub use problem::Problem;
 pub use scope::{DEFAULT_SCOPE, SCOPE_BYTES_MAX, Scope, ScopeError};
+pub use status::ProxyStatus;
 pub use store::{KeyList, StoredObject};
 pub use token::{TokenError, parse_token, parse_token_header};

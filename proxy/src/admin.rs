@@ -14,6 +14,12 @@
 //! - `GET /v1/lease` -> [`LeaseView`]: fleet mode's lease (404 `leases-off` in
 //!   standalone mode).
 //! - `GET /metrics` (Prometheus text), `GET /healthz` -> [`Health`].
+//! - `GET /v1/status` -> [`ProxyStatus`](palisade_protocol::ProxyStatus), and `GET /`, the
+//!   same as an HTML page for people (see [`crate::status_page`]). Admin reads: they need
+//!   the admin token when one is configured.
+//!
+//! Advances and resets are reported to the status page's activity and the audit log
+//! (`announce`, `reset` records); raises are reported by the fencer itself.
 //!
 //! Who may call what is decided by the [`crate::auth`] layer, except for an advance,
 //! whose handler accepts a valid proof in place of the admin token (`authorize_advance`).
@@ -22,12 +28,14 @@
 //! [`ProxyError::to_problem`], as on the data path; unknown paths (404), wrong methods
 //! (405) and bad or oversized bodies come from the protocol's control-plane stack.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{ExtensionRejection, PathRejection};
+use axum::extract::{ConnectInfo, Path, State};
+use axum::response::Html;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -38,6 +46,7 @@ use palisade_protocol::headers::PROMETHEUS_TEXT;
 use palisade_protocol::lease::{LEASE_PATH, LEASES_OFF, LeaseView};
 use palisade_protocol::process::events;
 use palisade_protocol::server::{ApiJson, ControlLimits, finish};
+use palisade_protocol::status::{STATUS_PAGE_PATH, STATUS_PATH};
 use palisade_protocol::{
     AdvanceRequest, AdvanceResponse, FenceList, FenceView, Health, Problem, Scope,
 };
@@ -80,6 +89,10 @@ pub(crate) struct AdminState {
     pub(crate) proofs: Option<Arc<ProofVerifier>>,
     /// The admin credential.
     pub(crate) auth: Arc<AdminAuth>,
+    /// The upstream as the status page names it (its URL, or `embedded`).
+    pub(crate) upstream: String,
+    /// This admin listener's address, for the status page's subtitle.
+    pub(crate) admin_addr: String,
 }
 
 type AdminRef = State<Arc<AdminState>>;
@@ -94,6 +107,8 @@ pub(crate) fn app(state: AdminState) -> Router {
         .route(LEASE_PATH, get(lease))
         .route(METRICS_PATH, get(metrics))
         .route(HEALTHZ_PATH, get(health))
+        .route(STATUS_PAGE_PATH, get(status_page))
+        .route(STATUS_PATH, get(status))
         .with_state(Arc::new(state));
     // The layer goes on last, so that it also guards the 404 and 405 answers: without
     // the credential, a caller learns nothing about which paths exist.
@@ -136,6 +151,7 @@ async fn read(
 /// in both is told about the path first; then the authorization, before anything moves.
 async fn advance(
     State(state): AdminRef,
+    peer: Result<ConnectInfo<SocketAddr>, ExtensionRejection>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Result<ApiJson<AdvanceRequest>, Problem>,
@@ -146,12 +162,26 @@ async fn advance(
         .authorize_advance(&scope, token, proof.as_deref(), &headers)
         .map_err(IntoResponse::into_response)?;
     // The same admission as a write: raise the fence, then wait at the barrier.
+    let peer = peer.ok().map(|ConnectInfo(addr)| addr);
+    let activity = state.fencer.activity();
     let admitted = state.fencer.admit(&scope, token).await.map_err(|err| {
         tracing::info!(scope = %scope, token, cause = %err, "admin advance refused");
+        let current = state.fencer.fence_register().current(&scope);
+        activity.announced(
+            &scope,
+            token,
+            "refused",
+            current,
+            peer,
+            Some(err.to_string()),
+        );
         err.to_problem().into_response()
     })?;
     let advanced = admitted.raised;
     drop(admitted);
+    let outcome = if advanced { "advanced" } else { "unchanged" };
+    let current = state.fencer.fence_register().current(&scope);
+    activity.announced(&scope, token, outcome, current, peer, None);
     Ok(ApiJson(AdvanceResponse {
         scope,
         token,
@@ -238,6 +268,7 @@ async fn reset(
         proofs.forget(scope.as_str());
     }
     metrics::counter!(m::FENCE_RESETS).increment(1);
+    (state.fencer.activity()).reset(scope.as_str(), token, previous, &reason);
     tracing::warn!(event = events::FENCE_RESET, scope = %scope, reason = reason.as_str(), previous, token,
         "fence reset by an operator");
     Ok(ApiJson(ResetResponse {
@@ -299,6 +330,17 @@ async fn metrics() -> impl IntoResponse {
     )
 }
 
+/// `GET /v1/status`.
+async fn status(State(state): AdminRef) -> ApiJson<palisade_protocol::ProxyStatus> {
+    ApiJson(crate::status_page::snapshot(&state.fencer, &state.upstream))
+}
+
+/// `GET /`: the status page.
+async fn status_page(State(state): AdminRef) -> Html<String> {
+    let snapshot = crate::status_page::snapshot(&state.fencer, &state.upstream);
+    Html(crate::status_page::render(&snapshot, &state.admin_addr))
+}
+
 /// `GET /healthz`.
 async fn health() -> ApiJson<Health> {
     ApiJson(Health::ok(None))
@@ -340,6 +382,8 @@ mod tests {
                 token: None,
                 metrics_public: false,
             }),
+            upstream: "embedded".to_owned(),
+            admin_addr: "127.0.0.1:0".to_owned(),
         };
         let response = app(state).oneshot(request).await.unwrap();
         let status = response.status();
@@ -440,5 +484,63 @@ mod tests {
         assert_eq!(h[header::CONTENT_TYPE], PROBLEM_JSON);
         let problem: Problem = serde_json::from_str(&b).unwrap();
         assert_eq!(problem.kind(), LEASES_OFF);
+    }
+
+    /// Goal: the status page and `/v1/status` show fences with their raise, and a
+    /// rejection row with its fields, and a hostile path comes out escaped, never as
+    /// markup. Method: advance `jobs` to 5 through the router, record a stale write whose
+    /// path holds `<script>`, GET `/` and `/v1/status` through `oneshot`.
+    #[tokio::test]
+    async fn status_page_shows_fences_and_rejections_escaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir);
+        let (s, _, b) = call(&f, Method::POST, "/v1/fences/jobs", r#"{"token":5}"#).await;
+        assert_eq!(s, StatusCode::OK, "{b}");
+        let stale = ProxyError::Stale {
+            scope: "jobs".into(),
+            presented: 3,
+            current: 5,
+        };
+        let peer = HeaderValue::from_static("192.0.2.7");
+        f.activity().refused(
+            &stale,
+            &Method::PUT,
+            "/<script>alert(1)</script>",
+            Some(&peer),
+        );
+
+        let (s, h, page) = call(&f, Method::GET, "/", "").await;
+        assert_eq!(s, StatusCode::OK, "{page}");
+        assert!(
+            h[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        assert!(page.contains("http-equiv=\"refresh\""), "{page}");
+        assert!(!page.contains("<script>"), "{page}");
+        assert!(
+            page.contains("/&lt;script&gt;alert(1)&lt;/script&gt;"),
+            "{page}"
+        );
+        assert!(page.contains("192.0.2.7"), "{page}");
+        assert!(page.contains("Recent rejections (1 since start"), "{page}");
+        assert!(
+            page.contains("s ago") || page.contains("just now"),
+            "{page}"
+        );
+
+        let (s, _, json) = call(&f, Method::GET, "/v1/status", "").await;
+        assert_eq!(s, StatusCode::OK, "{json}");
+        let status: palisade_protocol::ProxyStatus = serde_json::from_str(&json).unwrap();
+        let fence = &status.fences[0];
+        assert_eq!((fence.scope.as_str(), fence.token), ("jobs", 5));
+        assert_eq!(fence.raised_from, Some(0));
+        assert!(fence.raised_at.is_some());
+        let r = &status.rejections[0];
+        assert_eq!((r.presented, r.current), (Some(3), Some(5)));
+        assert_eq!(r.path.as_deref(), Some("/<script>alert(1)</script>"));
+        assert_eq!(status.rejections_total, 1);
+        assert!(status.lease.is_none() && status.audit.is_none());
     }
 }

@@ -85,6 +85,10 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     }
 }
 
+/// Smallest `audit_log_bytes_max`: a few records' worth; a smaller file would rotate at
+/// every line.
+pub const AUDIT_LOG_BYTES_MIN: u64 = 1024;
+
 /// Configuration of `palisade proxy`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -168,6 +172,13 @@ pub struct ProxyConfig {
     /// may take to complete. A write that completes later than its lease's expiry plus
     /// this bound is logged (`lease-overrun`) and counted, in milliseconds.
     pub lease_write_bound_ms: u64,
+    /// The audit log: one JSON line per rejection, raise, reset and announce (see
+    /// `palisade_protocol::audit`). Absent: none is written.
+    pub audit_log: Option<PathBuf>,
+    /// Size at which the audit log is rotated (`FILE` becomes `FILE.1`), in bytes.
+    pub audit_log_bytes_max: u64,
+    /// Rotated audit files kept besides the current one; older ones are deleted.
+    pub audit_log_keep: u32,
     /// Limits on everything the outside world can make the proxy hold.
     pub limits: Limits,
 }
@@ -375,6 +386,9 @@ impl Default for ProxyConfig {
             fleet_name: None,
             cluster_tls: None,
             lease_write_bound_ms: LEASE_WRITE_BOUND_MS_DEFAULT,
+            audit_log: None,
+            audit_log_bytes_max: palisade_protocol::audit::AUDIT_LOG_BYTES_MAX_DEFAULT,
+            audit_log_keep: palisade_protocol::audit::AUDIT_LOG_KEEP_DEFAULT,
             limits: Limits::default(),
         }
     }
@@ -421,6 +435,15 @@ impl ProxyConfig {
             if uri.query().is_some() {
                 return Err(invalid("upstream", "a base URL cannot have a query"));
             }
+        }
+        if self.audit_log.is_some() && self.audit_log_bytes_max < AUDIT_LOG_BYTES_MIN {
+            return Err(invalid(
+                "audit_log_bytes_max",
+                format!(
+                    "{} bytes; at least {AUDIT_LOG_BYTES_MIN}, so that a file holds more than a few records",
+                    self.audit_log_bytes_max
+                ),
+            ));
         }
         if self.upstream_ca.is_some() && self.upstream.is_none() {
             return Err(invalid("upstream_ca", "set, but there is no upstream"));

@@ -31,6 +31,7 @@ use palisade_protocol::process::events;
 use palisade_storage::{Advance, AdvanceError, FenceRegister};
 use tokio::sync::Notify;
 
+use crate::audit::Activity;
 use crate::error::ProxyError;
 use crate::fleet::Lease;
 use crate::metrics as m;
@@ -44,6 +45,8 @@ pub(crate) struct Fencer {
     barrier_timeout: Duration,
     /// Fleet mode: the lease on the cluster's term, which fenced requests also need.
     lease: Option<Arc<Lease>>,
+    /// What the status page and the audit log are told (raises, barrier waits).
+    activity: Arc<Activity>,
 }
 
 /// The fenced requests of one scope that are admitted or waiting, by token.
@@ -155,7 +158,39 @@ impl Fencer {
             inflight: DashMap::new(),
             barrier_timeout,
             lease: None,
+            activity: Arc::default(),
         }
+    }
+
+    /// Reports raises and barrier waits to `activity` (the status page, the audit log).
+    pub(crate) fn with_activity(mut self, activity: Arc<Activity>) -> Self {
+        self.activity = activity;
+        self
+    }
+
+    /// The proxy's recent activity, which the data path and admin API report to.
+    pub(crate) fn activity(&self) -> &Arc<Activity> {
+        &self.activity
+    }
+
+    /// Per scope with requests in flight: how many, and how many of them wait at the
+    /// barrier (hold a token above the scope's lowest in flight). For the status page.
+    pub(crate) fn in_flight(&self) -> Vec<(String, u64, u64)> {
+        self.inflight
+            .iter()
+            .map(|entry| {
+                let state = entry.value().lock();
+                let lowest = state.tokens.keys().next().copied();
+                let (mut all, mut waiting) = (0u64, 0u64);
+                for (token, count) in &state.tokens {
+                    all += *count as u64;
+                    if Some(*token) != lowest {
+                        waiting += *count as u64;
+                    }
+                }
+                (entry.key().clone(), all, waiting)
+            })
+            .collect()
     }
 
     /// Fleet mode: fenced requests also need `lease` (see [`crate::fleet`]).
@@ -316,6 +351,7 @@ impl Fencer {
                     previous,
                     "fence raised"
                 );
+                self.activity.raised(scope, token, previous);
                 Ok(true)
             }
             Advance::Unchanged => Ok(false),
@@ -384,6 +420,7 @@ impl Fencer {
             if !counted {
                 counted = true;
                 metrics::counter!(m::BARRIER_WAITS).increment(1);
+                self.activity.barrier_wait();
                 tracing::debug!(scope = %guard.scope, token = guard.token, "waiting for lower-token writes in flight");
             }
             if tokio::time::timeout_at(deadline, left).await.is_err() {

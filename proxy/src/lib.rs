@@ -33,6 +33,9 @@
 //! - `embedded`: the embedded object store served in-process.
 //! - `admin`: the admin API on axum (fences, advance, reset, metrics, health), served by
 //!   the protocol crate's control-plane accept loop.
+//! - `audit`: what the proxy remembers for people (recent rejections, raise times,
+//!   barrier waits, upstream health) and the audit log it writes them to.
+//! - `status_page`: `GET /v1/status` and the HTML status page at `GET /`.
 //! - `auth`: the admin API's bearer token and the middleware layer that requires it.
 //! - `server`: the data path's listener: TLS, HTTP/1.1 and h2c, connection limits
 //!   (through the protocol crate's connection table: timeouts from accept, idle-first
@@ -49,6 +52,7 @@
 #![deny(missing_docs)]
 
 mod admin;
+mod audit;
 mod auth;
 mod body;
 pub mod config;
@@ -63,6 +67,7 @@ mod proof;
 mod routing;
 mod server;
 mod service;
+mod status_page;
 mod stream;
 mod tls;
 mod upstream;
@@ -76,10 +81,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+pub use audit::{AUDIT_PATH_BYTES_MAX, RAISE_TIMES_SCOPES_MAX, REJECTIONS_KEPT};
 pub use auth::{ADMIN_TOKEN_FILE_BYTES_MAX, AuthError};
 pub use config::{
-    ADMIN_TOKEN_BYTES_MIN, AdminTlsConfig, ClusterTlsConfig, ConfigError, Limits, ProxyConfig,
-    Route, RouteClass, TlsConfig, UpstreamHost,
+    ADMIN_TOKEN_BYTES_MIN, AUDIT_LOG_BYTES_MIN, AdminTlsConfig, ClusterTlsConfig, ConfigError,
+    Limits, ProxyConfig, Route, RouteClass, TlsConfig, UpstreamHost,
 };
 pub use embedded::LIST_KEYS_MAX;
 pub use error::{Cause, ProxyError};
@@ -114,6 +120,14 @@ pub enum StartError {
     /// The file-descriptor limit cannot hold the configured connections.
     #[error(transparent)]
     FileLimit(#[from] FdLimitError),
+    /// The audit log could not be opened.
+    #[error("cannot open the audit log {path}: {source}")]
+    Audit {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -224,7 +238,25 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     let listen = local(&client_listener, config.listen)?;
     let admin = local(&admin_listener, config.admin_listen)?;
 
-    let mut fencer = Fencer::new(register, Duration::from_millis(limits.barrier_timeout_ms));
+    let audit = config
+        .audit_log
+        .as_ref()
+        .map(|path| {
+            palisade_protocol::server::audit::AuditLog::open(
+                &palisade_protocol::server::audit::AuditConfig {
+                    path: path.clone(),
+                    bytes_max: config.audit_log_bytes_max,
+                    keep: config.audit_log_keep,
+                },
+            )
+            .map_err(|source| StartError::Audit {
+                path: path.clone(),
+                source,
+            })
+        })
+        .transpose()?;
+    let mut fencer = Fencer::new(register, Duration::from_millis(limits.barrier_timeout_ms))
+        .with_activity(Arc::new(audit::Activity::new(audit)));
     let fleet = match fleet_nodes(&config)? {
         Some(nodes) => {
             let lease = Arc::new(fleet::Lease::new(
@@ -241,6 +273,11 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         fencer: Arc::clone(&fencer),
         proofs: proofs.clone(),
         auth,
+        upstream: config
+            .upstream
+            .clone()
+            .unwrap_or_else(|| "embedded object store".to_owned()),
+        admin_addr: admin.to_string(),
     };
     let shared = Arc::new(Shared::new(&config, fencer, proofs, backend));
     let (shutdown, shutdown_rx) = watch::channel(false);

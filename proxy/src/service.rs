@@ -120,7 +120,11 @@ pub(crate) async fn handle(
         raised: false,
         forwarding: false,
     };
-    let result = run_phases(Arc::clone(&shared), &mut ctx, request, peer).await;
+    // For the status page and the audit log (a refusal names its path and peer). A
+    // clone of the URI shares its bytes: no copy on the request path.
+    let uri = request.uri().clone();
+    let result = run_phases(Arc::clone(&shared), &mut ctx, request, Arc::clone(&peer)).await;
+    (shared.fencer.activity()).observe(&result, ctx.forwarding, &ctx.method, &uri, &peer);
     Ok(respond_and_log(&ctx, result))
 }
 

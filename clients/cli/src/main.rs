@@ -1,6 +1,7 @@
 //! `palisade`: one binary for the proxy, the election node, the demo and the clients.
 //! Each subcommand parses its flags and calls into a library; nothing else lives here.
 
+mod audit_cmd;
 mod bench;
 mod certs;
 mod client_cmds;
@@ -11,6 +12,7 @@ mod keys;
 mod member_cmd;
 mod node;
 mod proxy;
+mod status_cmd;
 
 use std::process::ExitCode;
 
@@ -69,6 +71,12 @@ enum Command {
     Leader(client_cmds::LeaderArgs),
     /// Add, remove or list the cluster's members (node API).
     Member(member_cmd::MemberArgs),
+    /// One screen for a cluster and its proxies: leader, term, members, fences, leases,
+    /// the last rejections.
+    Status(status_cmd::StatusArgs),
+    /// Read an audit log (--audit-log of a proxy or node), filtered by scope, token or
+    /// time.
+    Audit(audit_cmd::AuditArgs),
     /// Token signing keys: `keys generate --out DIR` writes token.key and token.pub.
     Keys(keys::KeysArgs),
     /// Certificates: `certs generate --out DIR --names a,b` writes a CA and one
@@ -141,6 +149,8 @@ fn main() -> ExitCode {
             Command::Delete(args) => client_cmds::delete(args).await,
             Command::Fence(args) => fence_cmd::fence(args).await,
             Command::Leader(args) => client_cmds::leader(args).await,
+            Command::Status(args) => status_cmd::run(args).await,
+            Command::Audit(args) => audit_cmd::run(&args),
             Command::Member(args) => member_cmd::run(args).await,
             Command::Keys(args) => keys::run(args),
             Command::Certs(args) => certs::run(args),
@@ -170,6 +180,8 @@ impl Command {
             | Self::Delete(_)
             | Self::Fence(_)
             | Self::Leader(_)
+            | Self::Status(_)
+            | Self::Audit(_)
             | Self::Member(_)
             | Self::Keys(_)
             | Self::Certs(_) => "error",

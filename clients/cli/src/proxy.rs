@@ -109,6 +109,13 @@ pub(crate) struct ProxyArgs {
     /// lease plus this are logged as lease-overrun) [default: 500].
     #[arg(long, value_name = "MS", env = "PALISADE_LEASE_WRITE_BOUND_MS")]
     lease_write_bound_ms: Option<u64>,
+    /// Audit log: one JSON line per rejection, raise, reset and announce; read it with
+    /// `palisade audit FILE`.
+    #[arg(long, value_name = "FILE", env = "PALISADE_AUDIT_LOG")]
+    audit_log: Option<PathBuf>,
+    /// Rotate the audit log when it would grow past this size [default: 67108864].
+    #[arg(long, value_name = "BYTES", env = "PALISADE_AUDIT_LOG_BYTES_MAX")]
+    audit_log_bytes_max: Option<u64>,
 }
 
 impl ProxyArgs {
@@ -192,6 +199,12 @@ impl ProxyArgs {
         }
         if let Some(v) = self.lease_write_bound_ms {
             config.lease_write_bound_ms = v;
+        }
+        if let Some(v) = self.audit_log {
+            config.audit_log = Some(v);
+        }
+        if let Some(v) = self.audit_log_bytes_max {
+            config.audit_log_bytes_max = v;
         }
         Ok(config)
     }

@@ -103,6 +103,13 @@ impl ProxyAdmin {
         self.get(HEALTHZ_PATH).await
     }
 
+    /// `GET /v1/status`: fences with their last raise, recent rejections, the barrier,
+    /// the upstream's health, the lease in fleet mode, the audit log's counters.
+    #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
+    pub async fn status(&self) -> Result<palisade_protocol::ProxyStatus, ClientError> {
+        self.get(palisade_protocol::status::STATUS_PATH).await
+    }
+
     /// `POST /v1/fences/{scope}`: raises the fence to `token` without a write. A token
     /// below the fence is [`ClientError::Fenced`].
     #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]

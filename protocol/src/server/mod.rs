@@ -14,6 +14,10 @@
 //!   shutdown. [`serve_tls`] is the same loop
 //!   with TLS (and mutual TLS when the acceptor requires client certificates).
 //!
+//! - [`audit::AuditLog`] is the audit log's writer (a bounded queue and a thread that
+//!   appends and rotates), used by the proxy and the node alike; [`html`] is the
+//!   status pages' escaping and frame.
+//!
 //! - [`Connections`] (module `conns`) is the connection bookkeeping behind [`serve`]:
 //!   timeouts from accept, idle-first eviction, request counting. The proxy's data path
 //!   uses it too.
@@ -40,7 +44,9 @@ use tower::ServiceExt as _;
 
 use crate::headers::{FENCING_TOKEN_CURRENT, PROBLEM_JSON};
 
+pub mod audit;
 mod conns;
+pub mod html;
 
 use crate::problem::Problem;
 pub use conns::{

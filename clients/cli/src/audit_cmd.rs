@@ -1,0 +1,249 @@
+//! `palisade audit FILE`: reads an audit log written with `--audit-log` (and its rotated
+//! siblings `FILE.N` .. `FILE.1`, oldest first, so events come out in the order they were
+//! written), filters it, and prints a table or JSON lines.
+
+use std::fs::File;
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use clap::Args;
+use palisade_protocol::AuditRecord;
+use palisade_protocol::audit::{parse_rfc3339, rotated_path};
+
+use crate::Failure;
+use crate::client_cmds::{print_json, print_line};
+
+/// Most rotated siblings looked for (`FILE.1` .. `FILE.N`): far above any `audit_log_keep`
+/// worth setting, and a bound on the files one command opens.
+pub(crate) const AUDIT_ROTATED_FILES_MAX: u32 = 1000;
+/// Longest line read as a record, in bytes; a longer one is not one of ours and is
+/// skipped with a warning (the writer's longest records are a few KiB).
+pub(crate) const AUDIT_LINE_BYTES_MAX: usize = 64 * 1024;
+
+/// Read an audit log (`--audit-log` of `palisade proxy` or `palisade node`), filtered.
+#[derive(Args)]
+pub(crate) struct AuditArgs {
+    /// The audit log; its rotated siblings (FILE.1, FILE.2, ...) are read too.
+    file: PathBuf,
+    /// Only events of this scope.
+    #[arg(long)]
+    scope: Option<String>,
+    /// Only events involving this token (presented, current or previous fence, or the
+    /// node's term).
+    #[arg(long, value_name = "N")]
+    token: Option<u64>,
+    /// Only events of this kind (rejection, raise, reset, announce, membership,
+    /// transfer, dropped).
+    #[arg(long, value_name = "EVENT")]
+    event: Option<String>,
+    /// Only events at or after this time (RFC 3339, e.g. 2026-11-23T16:00:00Z).
+    #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
+    since: Option<SystemTime>,
+    /// Only events before this time (RFC 3339).
+    #[arg(long, value_name = "RFC3339", value_parser = parse_time)]
+    until: Option<SystemTime>,
+    /// Print the matching records as JSON lines, as they are in the file.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_time(text: &str) -> Result<SystemTime, String> {
+    parse_rfc3339(text)
+}
+
+impl AuditArgs {
+    fn keeps(&self, r: &AuditRecord) -> bool {
+        if self
+            .scope
+            .as_ref()
+            .is_some_and(|s| r.scope.as_ref() != Some(s))
+        {
+            return false;
+        }
+        if self.event.as_ref().is_some_and(|e| &r.event != e) {
+            return false;
+        }
+        if let Some(t) = self.token
+            && ![r.presented, r.current, r.previous, r.term].contains(&Some(t))
+        {
+            return false;
+        }
+        if self.since.is_some() || self.until.is_some() {
+            // A record without a readable time cannot be placed in a window.
+            let Some(at) = r.at() else { return false };
+            if self.since.is_some_and(|since| at < since)
+                || self.until.is_some_and(|until| at >= until)
+            {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The files of the log, oldest first: `FILE.N` .. `FILE.1`, then `FILE`.
+fn files_of(path: &Path) -> Vec<PathBuf> {
+    let mut rotated: Vec<PathBuf> = (1..=AUDIT_ROTATED_FILES_MAX)
+        .map(|n| rotated_path(path, n))
+        .take_while(|p| p.exists())
+        .collect();
+    rotated.reverse();
+    rotated.push(path.to_owned());
+    rotated
+}
+
+/// `palisade audit`.
+pub(crate) fn run(args: &AuditArgs) -> Result<(), Failure> {
+    if !args.file.exists() {
+        return Err(Failure::Usage(format!(
+            "{}: no such audit log (give the FILE of --audit-log)",
+            args.file.display()
+        )));
+    }
+    let mut matched = Vec::new();
+    let mut skipped = 0u64;
+    for path in files_of(&args.file) {
+        let file = File::open(&path)
+            .map_err(|e| Failure::Runtime(format!("cannot read {}: {e}", path.display())))?;
+        for (n, line) in BufReader::new(file).split(b'\n').enumerate() {
+            let line =
+                line.map_err(|e| Failure::Runtime(format!("cannot read {}: {e}", path.display())))?;
+            if line.is_empty() {
+                continue;
+            }
+            let record = if line.len() > AUDIT_LINE_BYTES_MAX {
+                None
+            } else {
+                serde_json::from_slice::<AuditRecord>(&line).ok()
+            };
+            match record {
+                Some(r) if args.keeps(&r) => matched.push(r),
+                Some(_) => {}
+                None => {
+                    skipped += 1;
+                    eprintln!(
+                        "palisade audit: {}:{}: not an audit record; skipped",
+                        path.display(),
+                        n + 1
+                    );
+                }
+            }
+        }
+    }
+    if args.json {
+        for r in &matched {
+            print_json(r)?;
+        }
+    } else {
+        print_table(&matched)?;
+    }
+    if skipped > 0 {
+        eprintln!("palisade audit: {skipped} lines were not audit records");
+    }
+    Ok(())
+}
+
+fn print_table(records: &[AuditRecord]) -> Result<(), Failure> {
+    print_line(&format!(
+        "{:<24} {:<11} {:<16} {}",
+        "TIME (UTC)", "EVENT", "SCOPE", "DETAILS"
+    ))?;
+    for r in records {
+        let time = r.time.replace('T', " ").trim_end_matches('Z').to_owned();
+        print_line(&format!(
+            "{:<24} {:<11} {:<16} {}",
+            time,
+            r.event,
+            r.scope.as_deref().unwrap_or("-"),
+            details(r)
+        ))?;
+    }
+    print_line(&format!("{} events", records.len()))
+}
+
+/// The record's other fields, `name=value`, in a fixed order.
+fn details(r: &AuditRecord) -> String {
+    let mut parts = Vec::new();
+    let mut num = |name: &str, v: Option<u64>| {
+        if let Some(v) = v {
+            parts.push(format!("{name}={v}"));
+        }
+    };
+    num("presented", r.presented);
+    num("current", r.current);
+    num("previous", r.previous);
+    num("node", r.node_id);
+    num("term", r.term);
+    num("dropped", r.dropped);
+    let mut text = |name: &str, v: &Option<String>| {
+        if let Some(v) = v {
+            // Control characters would let a client's path forge table lines.
+            let clean: String = v
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            parts.push(format!("{name}={clean}"));
+        }
+    };
+    text("outcome", &r.outcome);
+    text("peer", &r.peer);
+    text("method", &r.method);
+    text("path", &r.path);
+    text("proxy", &r.proxy);
+    text("reason", &r.reason);
+    parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> AuditArgs {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: AuditArgs,
+        }
+        let mut argv = vec!["audit", "/tmp/none"];
+        argv.extend_from_slice(extra);
+        Cli::parse_from(argv).a
+    }
+
+    fn record(time: &str, scope: &str, presented: u64) -> AuditRecord {
+        AuditRecord {
+            time: time.to_owned(),
+            event: "rejection".to_owned(),
+            scope: Some(scope.to_owned()),
+            presented: Some(presented),
+            current: Some(presented + 1),
+            ..AuditRecord::default()
+        }
+    }
+
+    /// Goal: each filter keeps exactly the records it names; the time window is
+    /// [since, until). Method: filter a few records.
+    #[test]
+    fn filters_keep_what_they_name() {
+        let a = record("2026-11-23T10:00:00.000Z", "jobs", 3);
+        let b = record("2026-11-23T11:00:00.000Z", "other", 7);
+        assert!(args(&["--scope", "jobs"]).keeps(&a));
+        assert!(!args(&["--scope", "jobs"]).keeps(&b));
+        assert!(args(&["--token", "4"]).keeps(&a), "current matches");
+        assert!(!args(&["--token", "5"]).keeps(&a));
+        assert!(!args(&["--since", "2026-11-23T10:30:00Z"]).keeps(&a));
+        assert!(args(&["--since", "2026-11-23T10:30:00Z"]).keeps(&b));
+        assert!(!args(&["--until", "2026-11-23T11:00:00Z"]).keeps(&b));
+        assert!(args(&["--event", "rejection"]).keeps(&a));
+        assert!(!args(&["--event", "raise"]).keeps(&a));
+    }
+
+    /// Goal: a path with a newline cannot forge a table line. Method: render details.
+    #[test]
+    fn control_characters_are_not_printed() {
+        let mut r = record("2026-11-23T10:00:00.000Z", "jobs", 3);
+        r.path = Some("/a\nforged".to_owned());
+        assert!(!details(&r).contains('\n'));
+    }
+}

@@ -1,0 +1,298 @@
+//! The audit trail: one JSON line per event that changed or refused a fence, written by
+//! `palisade proxy --audit-log FILE` and `palisade node --audit-log FILE`, read back by
+//! `palisade audit FILE`.
+//!
+//! Each line is one [`AuditRecord`]. Fields that do not apply to an event are left out,
+//! never written as `null`; a reader ignores fields it does not know, so new fields can
+//! be added without breaking old readers. Times are RFC 3339 in UTC with milliseconds
+//! (`2026-11-23T16:38:10.123Z`), written and parsed by [`rfc3339`] and [`parse_rfc3339`].
+//!
+//! The file is rotated by size: when the next line would take it over its limit, `FILE`
+//! becomes `FILE.1`, `FILE.1` becomes `FILE.2`, and so on, and the oldest beyond the
+//! number kept is deleted ([`rotated_path`] names them). A reader goes from the highest
+//! number down to `FILE` to see the events in the order they were written.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// Default size at which an audit file is rotated: large enough for about half a million
+/// rejections, small enough to open in an editor.
+pub const AUDIT_LOG_BYTES_MAX_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Default number of rotated files kept besides the current one, so that the trail keeps
+/// at least this many times the size limit of history before the oldest is deleted.
+pub const AUDIT_LOG_KEEP_DEFAULT: u32 = 4;
+
+/// The `event` values of an [`AuditRecord`].
+pub mod event {
+    /// A proxy refused a fenced request: a stale token (or a missing or invalid proof).
+    /// Fields: scope, presented, current, peer, method, path, reason.
+    pub const REJECTION: &str = "rejection";
+    /// A proxy raised a fence. Fields: scope, presented (the new fence), previous.
+    pub const RAISE: &str = "raise";
+    /// An operator reset a fence. Fields: scope, presented (the new fence), previous,
+    /// reason.
+    pub const RESET: &str = "reset";
+    /// A term announced to a proxy. On the proxy: scope, presented, current (the fence
+    /// after it), outcome (`advanced`, `unchanged`, `refused`), peer. On the node:
+    /// `node_id`, term, proxy, outcome (`accepted`, `refused`, `retrying`), reason.
+    pub const ANNOUNCE: &str = "announce";
+    /// A node saw the cluster's membership change. Fields: `node_id`, term, reason (what
+    /// changed).
+    pub const MEMBERSHIP: &str = "membership";
+    /// A leadership transfer asked of a node's API. Fields: `node_id`, term, current (the
+    /// target node), outcome, reason.
+    pub const TRANSFER: &str = "transfer";
+    /// Records were dropped because the writer fell behind (its queue was full). Field:
+    /// dropped (how many since the last such record).
+    pub const DROPPED: &str = "dropped";
+}
+
+/// One line of an audit log.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    /// When it happened, RFC 3339 in UTC.
+    pub time: String,
+    /// What happened: one of [`event`].
+    pub event: String,
+    /// The fencing scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The token a request or announcement presented (for a raise or reset: the new
+    /// fence).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presented: Option<u64>,
+    /// The fence it met (for a rejection: the fence that refused it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<u64>,
+    /// The fence before a raise or reset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<u64>,
+    /// The client's IP address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<String>,
+    /// The request's method.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// The request's path (without the query).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The node that wrote the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<u64>,
+    /// The node's raft term when it wrote the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
+    /// The proxy an announcement went to (its admin URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<String>,
+    /// How it ended (see [`event`] for the values of each event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// Why: the error, or the operator's reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Records dropped before this one ([`event::DROPPED`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
+}
+
+impl AuditRecord {
+    /// A record of `event` at `time`, with no other field set.
+    pub fn new(event: &str, time: SystemTime) -> Self {
+        Self {
+            time: rfc3339(time),
+            event: event.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// The record's time, parsed; `None` when the line's time is not RFC 3339.
+    pub fn at(&self) -> Option<SystemTime> {
+        parse_rfc3339(&self.time).ok()
+    }
+}
+
+/// The path of the `n`th rotated file of `path` (`FILE.n`); `n` = 0 is `path` itself.
+pub fn rotated_path(path: &Path, n: u32) -> PathBuf {
+    if n == 0 {
+        return path.to_owned();
+    }
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{n}"));
+    PathBuf::from(name)
+}
+
+/// `time` as RFC 3339 in UTC with milliseconds: `2026-11-23T16:38:10.123Z`. Times before
+/// 1970 are written as the epoch (no audit event predates its writer).
+pub fn rfc3339(time: SystemTime) -> String {
+    let since = time.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let secs = since.as_secs();
+    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX);
+    let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since.subsec_millis()
+    )
+}
+
+/// Parses an RFC 3339 time: `YYYY-MM-DDTHH:MM:SS`, optional fraction, then `Z` or an
+/// offset `±HH:MM`. The error says what was expected.
+pub fn parse_rfc3339(text: &str) -> Result<SystemTime, String> {
+    let bad = |what: &str| {
+        format!("{text:?} is not an RFC 3339 time ({what}); e.g. 2026-11-23T16:38:10Z")
+    };
+    let b = text.as_bytes();
+    if b.len() < 20 {
+        return Err(bad("too short"));
+    }
+    let num = |range: std::ops::Range<usize>| -> Result<i64, String> {
+        let part = text.get(range).ok_or_else(|| bad("not ASCII"))?;
+        if part.bytes().all(|c| c.is_ascii_digit()) {
+            part.parse::<i64>().map_err(|_| bad("a number"))
+        } else {
+            Err(bad("a digit expected"))
+        }
+    };
+    if b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
+        return Err(bad("separators"));
+    }
+    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return Err(bad("a field out of range"));
+    }
+    let mut rest = &text[19..];
+    let mut nanos: u64 = 0;
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(bad("an empty fraction"));
+        }
+        for (i, c) in fraction.bytes().take(digits).enumerate() {
+            if i < 9 {
+                nanos += u64::from(c - b'0') * 10u64.pow(8 - i as u32);
+            }
+        }
+        rest = &fraction[digits..];
+    }
+    let offset_secs: i64 = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let ob = rest.as_bytes();
+            if ob.len() != 6 || !matches!(ob[0], b'+' | b'-') || ob[3] != b':' {
+                return Err(bad("Z or an offset ±HH:MM expected"));
+            }
+            let hh: i64 = rest[1..3].parse().map_err(|_| bad("offset hours"))?;
+            let mm: i64 = rest[4..6].parse().map_err(|_| bad("offset minutes"))?;
+            let sign = if ob[0] == b'-' { -1 } else { 1 };
+            sign * (hh * 3600 + mm * 60)
+        }
+    };
+    let days = days_from_civil(year, month, day);
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
+    let secs = u64::try_from(secs).map_err(|_| bad("before 1970"))?;
+    Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(nanos))
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// (year, month, day) to days since 1970-01-01 (Howard Hinnant's `days_from_civil`).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: times round-trip through RFC 3339 text, and known instants print as
+    /// expected (the epoch, a leap day, the end of a year). Method: format and parse.
+    #[test]
+    fn rfc3339_round_trips_and_prints_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
+        let leap = UNIX_EPOCH + Duration::from_millis(951_782_400_123);
+        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.123Z");
+        let eoy = UNIX_EPOCH + Duration::from_secs(1_798_761_599);
+        assert_eq!(rfc3339(eoy), "2026-12-31T23:59:59.000Z");
+        for t in [UNIX_EPOCH, leap, eoy] {
+            assert_eq!(parse_rfc3339(&rfc3339(t)).unwrap(), t);
+        }
+        assert_eq!(
+            parse_rfc3339("2026-12-31T23:59:59Z").unwrap(),
+            parse_rfc3339("2027-01-01T00:59:59+01:00").unwrap()
+        );
+    }
+
+    /// Goal: malformed times are refused with a message naming the text.
+    /// Method: parse a few bad strings.
+    #[test]
+    fn bad_times_are_refused_with_the_text_named() {
+        for bad in [
+            "",
+            "2026-11-23",
+            "2026-13-01T00:00:00Z",
+            "2026-11-23T00:00:00",
+            "2026-11-23T00:00:00+0100",
+            "1969-12-31T23:59:59Z",
+            "2026-11-23T00:00:00.Z",
+        ] {
+            let err = parse_rfc3339(bad).unwrap_err();
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    /// Goal: a record leaves out the fields it does not have, and reads back equal.
+    /// Method: serialize a rejection, check the JSON, parse it back.
+    #[test]
+    fn record_omits_absent_fields_and_round_trips() {
+        let mut r = AuditRecord::new(event::REJECTION, UNIX_EPOCH);
+        r.scope = Some("jobs".into());
+        r.presented = Some(1);
+        r.current = Some(2);
+        let line = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            line,
+            r#"{"time":"1970-01-01T00:00:00.000Z","event":"rejection","scope":"jobs","presented":1,"current":2}"#
+        );
+        assert_eq!(serde_json::from_str::<AuditRecord>(&line).unwrap(), r);
+        assert_eq!(
+            rotated_path(Path::new("/a/b.log"), 2),
+            Path::new("/a/b.log.2")
+        );
+    }
+}
