@@ -28,6 +28,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, info, warn};
 
+use crate::audit::Observer;
 use crate::config::{ConfigError, NodeTls};
 use crate::leadership::{Leadership, TokenProof};
 use crate::metrics::NodeMetrics;
@@ -55,6 +56,8 @@ pub(crate) struct Announcer {
     pub leadership: watch::Receiver<Leadership>,
     pub commands: Commands,
     pub metrics: NodeMetrics,
+    /// The status page's announce board and the audit log, told each attempt's outcome.
+    pub observer: Arc<Observer>,
     pub shutdown: CancellationToken,
 }
 
@@ -137,14 +140,17 @@ async fn announce_all(
 ) -> bool {
     let proof = proof.map(|p| p.encode());
     let mut set = JoinSet::new();
-    for admin in admins {
+    // `admins` were built from `a.urls` in order; the board names proxies as configured.
+    for (admin, url) in admins.iter().zip(&a.urls) {
         set.spawn(
             announce_one(
                 admin.clone(),
+                url.clone(),
                 a.scope.clone(),
                 token,
                 proof.clone(),
                 a.metrics.clone(),
+                Arc::clone(&a.observer),
             )
             .in_current_span(),
         );
@@ -159,10 +165,12 @@ async fn announce_all(
 /// Announces `token` to one proxy until it is accepted (true) or refused (false).
 async fn announce_one(
     admin: ProxyAdmin,
+    url: String,
     scope: String,
     token: u64,
     proof: Option<String>,
     metrics: NodeMetrics,
+    observer: Arc<Observer>,
 ) -> bool {
     let mut delays = backoff::delays(
         Duration::from_millis(ANNOUNCE_BACKOFF_MIN_MS),
@@ -175,6 +183,7 @@ async fn announce_one(
         {
             Ok(answer) => {
                 info!(url = %admin.url(), token, advanced = answer.advanced, "proxy accepted the token");
+                observer.announced(&url, token, "accepted", None);
                 return true;
             }
             Err(err) => err,
@@ -186,6 +195,7 @@ async fn announce_one(
                     url = %admin.url(), token, current, cause = %err,
                     "proxy holds a higher fence than this token; not announced"
                 );
+                observer.announced(&url, token, "refused", Some(err.to_string()));
                 return false;
             }
             // Asking again cannot change these answers: the proxy refused the request
@@ -194,6 +204,7 @@ async fn announce_one(
                 let higher = *status == StatusCode::CONFLICT;
                 warn!(url = %admin.url(), token, %status, higher_fence = higher, cause = %err,
                     "proxy refused the token; not announced");
+                observer.announced(&url, token, "refused", Some(err.to_string()));
                 return false;
             }
             ClientError::InvalidUrl { .. }
@@ -201,6 +212,7 @@ async fn announce_one(
             | ClientError::InvalidResponse(_)
             | ClientError::Tls { .. } => {
                 warn!(url = %admin.url(), token, cause = %err, "cannot announce to this proxy; not announced");
+                observer.announced(&url, token, "refused", Some(err.to_string()));
                 return false;
             }
             // No answer, a 5xx, a broken connection: the proxy may be restarting.
@@ -209,6 +221,7 @@ async fn announce_one(
         let delay = delays
             .next()
             .unwrap_or(Duration::from_millis(ANNOUNCE_BACKOFF_MAX_MS));
+        observer.announced(&url, token, "retrying", Some(err.to_string()));
         warn!(url = %admin.url(), token, cause = %err, retry_in_ms = delay.as_millis() as u64, "announcement failed");
         tokio::time::sleep(delay).await;
     }

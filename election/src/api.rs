@@ -21,6 +21,9 @@
 //!   says why (a removed id is never accepted again; one change at a time).
 //! - `GET /metrics` (Prometheus text), `GET /healthz` ([`Health`]; 503 once the election
 //!   loop stopped).
+//! - `GET /`: the status page for people ([`crate::status_page`]): role, term, leader,
+//!   members, scores, the announce state per proxy. Transfers asked here are written to
+//!   the audit log.
 //! - Only on a node started with test faults (`PALISADE_TEST_FAULTS=1`), else 404:
 //!   `GET /v1/test/faults` and `POST /v1/test/faults` with a [`FaultSpec`], which replaces
 //!   every fault of this node's links (`{}` heals them); see [`crate::transport::faults`].
@@ -41,6 +44,7 @@ use palisade_protocol::node::{
 };
 use palisade_protocol::{MemberAdd, MemberList};
 use palisade_protocol::server::{ApiJson, ApiQuery, ControlLimits, finish};
+use palisade_protocol::status::STATUS_PAGE_PATH;
 use palisade_protocol::{
     FaultSpec, Health, LeaderView, LongPoll, Problem, Scope, TransferRequest, Transferred,
 };
@@ -94,6 +98,8 @@ pub(crate) struct ApiState {
     pub faults: Option<Arc<LinkFaults>>,
     /// The members the election loop applied.
     pub members: watch::Receiver<MemberList>,
+    /// The announce board and the audit log (the status page shows both).
+    pub observer: Arc<crate::audit::Observer>,
     /// Cancelled at shutdown: ends long polls, then the listener.
     pub shutdown: CancellationToken,
 }
@@ -168,7 +174,8 @@ pub(crate) fn app(state: ApiState) -> Router {
         .route(MEMBERS_PATH, get(members_list).post(member_add))
         .route(MEMBER_PATH, delete(member_remove))
         .route(METRICS_PATH, get(metrics))
-        .route(HEALTHZ_PATH, get(health));
+        .route(HEALTHZ_PATH, get(health))
+        .route(STATUS_PAGE_PATH, get(status_page));
     if faults_enabled {
         router = router.route(TEST_FAULTS_PATH, get(get_faults).post(set_faults));
     }
@@ -220,6 +227,7 @@ async fn transfer(
 ) -> Result<ApiJson<Transferred>, Problem> {
     let ApiJson(request) = body.map_err(|p| state.problem(p))?;
     let outcome = state.commands.transfer(Some(request.to)).await;
+    audit_transfer(&state, Some(request.to), &outcome);
     outcome
         .map(ApiJson)
         .map_err(|err| state.transfer_problem(&err))
@@ -228,9 +236,53 @@ async fn transfer(
 /// `POST /v1/resign`.
 async fn resign(State(state): State<Shared>) -> Result<ApiJson<Transferred>, Problem> {
     let outcome = state.commands.transfer(None).await;
+    audit_transfer(&state, None, &outcome);
     outcome
         .map(ApiJson)
         .map_err(|err| state.transfer_problem(&err))
+}
+
+/// Writes a transfer's outcome to the audit log.
+fn audit_transfer(state: &ApiState, to: Option<u64>, outcome: &Result<Transferred, TransferError>) {
+    let term = state.leadership.borrow().term;
+    match outcome {
+        Ok(done) => state.observer.transfer(
+            done.term,
+            Some(done.to),
+            "transferred",
+            Some(format!(
+                "leadership moved from node {} to node {}",
+                done.from, done.to
+            )),
+        ),
+        Err(err) => state
+            .observer
+            .transfer(term, to, "failed", Some(err.to_string())),
+    }
+}
+
+/// `GET /`: the status page ([`crate::status_page`]).
+async fn status_page(State(state): State<Shared>) -> axum::response::Html<String> {
+    let view = state.view(&state.leadership.borrow());
+    let scores = match (&view.score_oracle, &view.scores) {
+        (Some(oracle), Some(scores)) => Some((oracle.clone(), scores.clone())),
+        _ => None,
+    };
+    let members = state
+        .members
+        .borrow()
+        .members
+        .iter()
+        .map(|m| (m.id, m.peer.clone(), m.voter))
+        .collect();
+    let page = crate::status_page::NodePage {
+        view,
+        members,
+        members_applied: true,
+        scores,
+        observer: &state.observer,
+    };
+    axum::response::Html(crate::status_page::render(&page))
 }
 
 /// `GET /v1/members`.
@@ -496,6 +548,11 @@ mod tests {
                     .faults
                     .then(|| Arc::new(LinkFaults::new(true, 1, [1, 2, 3]))),
                 members: watch::channel(MemberList::default()).1,
+                observer: Arc::new(crate::audit::Observer::new(
+                    1,
+                    &["http://127.0.0.1:1/<proxy>".to_owned()],
+                    None,
+                )),
                 shutdown: CancellationToken::new(),
             })
         }
@@ -568,6 +625,35 @@ mod tests {
                 released: None,
             }
         );
+    }
+
+    /// Goal: `GET /` is an HTML page for people showing role, term and leader, the
+    /// announce board with its proxy URL escaped, and refreshing itself.
+    /// Method: publish a follower's leadership (term 7, leader 2), GET `/`.
+    #[tokio::test]
+    async fn status_page_shows_role_term_leader_and_escapes() {
+        let mut node = TestNode::new(false);
+        let answer = call(node.app(), "GET", "/", "").await;
+        assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+        assert!(
+            answer.content_type.starts_with("text/html"),
+            "{}",
+            answer.content_type
+        );
+        let page = &answer.body;
+        assert!(page.contains("<h1>Palisade node 1</h1>"), "{page}");
+        assert!(
+            page.contains("<dt>Role</dt><dd class=\"\">follower</dd>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("<dt>Term</dt><dd class=\"\">7</dd>"),
+            "{page}"
+        );
+        assert!(page.contains("node 2"), "{page}");
+        assert!(page.contains("http://127.0.0.1:1/&lt;proxy&gt;"), "{page}");
+        assert!(!page.contains("<proxy>"), "{page}");
+        assert!(page.contains("http-equiv=\"refresh\""), "{page}");
     }
 
     /// Goal: a long poll answers as soon as the view changes, with the new view.

@@ -115,7 +115,18 @@ pub struct NodeConfig {
     /// The bound on the time from a proxy's last lease check to the storage applying the
     /// write (`--lease-write-bound-ms`).
     pub lease_write_bound_ms: u64,
+    /// The audit log (`--audit-log`): one JSON line per announce, transfer and
+    /// membership change (see `palisade_protocol::audit`). `None`: none is written.
+    pub audit_log: Option<PathBuf>,
+    /// Size at which the audit log is rotated (`FILE` becomes `FILE.1`), in bytes.
+    pub audit_log_bytes_max: u64,
+    /// Rotated audit files kept besides the current one; older ones are deleted.
+    pub audit_log_keep: u32,
 }
+
+/// Smallest `audit_log_bytes_max`: a few records' worth; a smaller file would rotate at
+/// every line.
+pub const AUDIT_LOG_BYTES_MIN: u64 = 1024;
 
 impl Default for NodeConfig {
     fn default() -> Self {
@@ -141,6 +152,9 @@ impl Default for NodeConfig {
             lease_ms: 0,
             lease_drift_ppm: LEASE_DRIFT_PPM_DEFAULT,
             lease_write_bound_ms: LEASE_WRITE_BOUND_MS_DEFAULT,
+            audit_log: None,
+            audit_log_bytes_max: palisade_protocol::audit::AUDIT_LOG_BYTES_MAX_DEFAULT,
+            audit_log_keep: palisade_protocol::audit::AUDIT_LOG_KEEP_DEFAULT,
         }
     }
 }
@@ -195,6 +209,15 @@ impl NodeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.id == 0 {
             return Err(ConfigError::new("id", "must be a non-zero integer"));
+        }
+        if self.audit_log.is_some() && self.audit_log_bytes_max < AUDIT_LOG_BYTES_MIN {
+            return Err(ConfigError::new(
+                "audit_log_bytes_max",
+                format!(
+                    "{} bytes; at least {AUDIT_LOG_BYTES_MIN}, so that a file holds more than a few records",
+                    self.audit_log_bytes_max
+                ),
+            ));
         }
         if self.peers.is_empty() {
             return Err(ConfigError::new(

@@ -51,18 +51,23 @@
 //!   granted after a quorum confirmed this node's leadership (the election loop's side,
 //!   batching requests into `ReadIndex` rounds, is in `node`).
 //! - `metrics`: the node's own Prometheus recorder and metric handles.
+//! - `audit`: what the node remembers for people (the announce state per proxy) and
+//!   writes to its audit log (announces, transfers, membership changes).
+//! - `status_page`: the HTML status page at `GET /` on the node API.
 //! - `members`: the rules of membership changes, the conf changes that carry them, and
 //!   the members table they produce (the loop's side is in `node`).
 #![deny(missing_docs)]
 
 mod announce;
 mod api;
+mod audit;
 mod config;
 mod leadership;
 mod lease;
 mod members;
 mod metrics;
 mod node;
+mod status_page;
 mod tls;
 mod token_source;
 pub mod transport;

@@ -26,6 +26,10 @@
 //! - `client_rust`: the Rust client against a real proxy.
 //! - `client_embedded`: an in-process election node driving the Rust client.
 //! - `demo`: `palisade demo`, as a user runs it.
+//! - `status_pages`: the proxy's and the nodes' status pages over HTTP and in headless
+//!   Chromium (screenshots kept in `target/test-artifacts/`), and `palisade status`.
+//! - `audit`: the audit log: a stale leader's rejection with its fields, `palisade audit`
+//!   filters, rotation by size.
 //! - `trust_tokens`: signed tokens: forged tokens and proofs refused with 401, the
 //!   leader's proof admitted, and only the new leader's after an election.
 //! - `trust_admin`: the admin bearer token, and the audited fence reset (API and CLI).
@@ -34,6 +38,7 @@
 // Tests may unwrap: a failed step panics with its cause, which is what a test should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod audit;
 mod client_embedded;
 mod client_rust;
 mod demo;
@@ -45,6 +50,7 @@ mod proxy_fencing;
 mod proxy_routing;
 mod proxy_streaming;
 mod proxy_transport;
+mod status_pages;
 mod trust_admin;
 mod trust_peers;
 mod trust_tokens;

@@ -21,6 +21,9 @@
 //! lease_drift_ppm = 10000                     # clock-rate bound for the release wait
 //! lease_write_bound_ms = 500                  # lease check to storage apply, at most
 //! insecure = false                            # plaintext off loopback (see below)
+//! audit_log = "/var/log/palisade/node1.audit" # one JSON line per announce, transfer, member change
+//! audit_log_bytes_max = 67108864              # rotate the audit log at this size
+//! audit_log_keep = 4                          # rotated audit files kept
 //! # File-only knobs (leave them on):
 //! check_quorum = true
 //! pre_vote = true
@@ -129,6 +132,13 @@ pub struct NodeArgs {
     /// --cert/--key/--ca). Anyone who reaches them can impersonate a peer.
     #[arg(long, env = "PALISADE_INSECURE")]
     pub insecure: bool,
+    /// Audit log: one JSON line per announce, transfer and membership change; read it
+    /// with `palisade audit FILE`.
+    #[arg(long, env = "PALISADE_AUDIT_LOG", value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
+    /// Rotate the audit log when it would grow past this size [default: 67108864].
+    #[arg(long, env = "PALISADE_AUDIT_LOG_BYTES_MAX", value_name = "BYTES")]
+    pub audit_log_bytes_max: Option<u64>,
     /// TOML file with any of the settings above; flags and environment override it.
     #[arg(long, env = "PALISADE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -228,6 +238,12 @@ struct FileConfig {
     lease_write_bound_ms: Option<u64>,
     /// `--insecure`.
     insecure: Option<bool>,
+    /// `--audit-log`.
+    audit_log: Option<PathBuf>,
+    /// `--audit-log-bytes-max`.
+    audit_log_bytes_max: Option<u64>,
+    /// Rotated audit files kept (file only; default 4).
+    audit_log_keep: Option<u32>,
     /// `--cert`, `--key`, `--ca`, as a table.
     tls: Option<FileTls>,
     /// Leader steps down without a quorum (file only; default true).
@@ -402,6 +418,12 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
             .unwrap_or(defaults.lease_write_bound_ms),
         tls,
         insecure: args.insecure || file.insecure.unwrap_or(false),
+        audit_log: args.audit_log.or(file.audit_log),
+        audit_log_bytes_max: args
+            .audit_log_bytes_max
+            .or(file.audit_log_bytes_max)
+            .unwrap_or(defaults.audit_log_bytes_max),
+        audit_log_keep: file.audit_log_keep.unwrap_or(defaults.audit_log_keep),
     };
     config.validate()?;
     Ok(config)

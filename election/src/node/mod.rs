@@ -261,6 +261,19 @@ async fn start(
     let metrics = NodeMetrics::new(id);
     let commands = Commands::new(tx);
 
+    let observer = Arc::new(crate::audit::Observer::new(
+        id,
+        &config.announce,
+        crate::audit::open(&config)?,
+    ));
+    if observer.audit_log().is_some() {
+        tasks.spawn(crate::audit::watch_members(
+            Arc::clone(&observer),
+            members_rx.clone(),
+            leadership_rx.clone(),
+            shutdown.clone(),
+        ));
+    }
     if !config.announce.is_empty() {
         tasks.spawn(
             crate::announce::run(crate::announce::Announcer {
@@ -272,6 +285,7 @@ async fn start(
                 leadership: leadership_rx.clone(),
                 commands: commands.clone(),
                 metrics: metrics.clone(),
+                observer: Arc::clone(&observer),
                 shutdown: shutdown.clone(),
             })
             .instrument(info_span!("announcer", node_id = id, scope = %config.scope)),
@@ -304,6 +318,7 @@ async fn start(
                         leases: crate::lease::LeaseApi::from_config(&config),
                         faults: faults.is_enabled().then(|| Arc::clone(&faults)),
                         members: members_rx.clone(),
+                        observer: Arc::clone(&observer),
                         shutdown: shutdown.clone(),
                     },
                     tls.as_ref().map(|t| t.api_acceptor.clone()),
