@@ -230,8 +230,19 @@ impl ElectionLoop {
     /// no longer has (a leader sends a follower at most the index it acknowledged). The
     /// storage was wiped or replaced; going on would let this node vote again in terms it
     /// already voted in. It stops.
+    ///
+    /// Only a heartbeat that could come from this node's leader counts: one of a later
+    /// term, or of this term from the leader it follows (or while it knows none). A peer
+    /// that is not that leader cannot have counted this node's acknowledgements, so its
+    /// heartbeat is forged or confused and is only dropped, as before.
     pub(super) fn check_storage_lost(&mut self, m: &Message, cause: &DropCause) {
         if m.get_msg_type() != MessageType::MsgHeartbeat || self.membership.lost.is_some() {
+            return;
+        }
+        let (term, leader_id) = (self.raw_node.raft.term, self.raw_node.raft.leader_id);
+        let from_leader =
+            m.term > term || (m.term == term && (leader_id == 0 || leader_id == m.from));
+        if !from_leader {
             return;
         }
         if let DropCause::CommitBeyondLog { commit, last_index } = *cause {
