@@ -32,9 +32,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::Path;
 use axum::extract::State;
 use axum::response::IntoResponse;
-use axum::extract::Path;
 use axum::routing::{delete, get, post};
 use http::{StatusCode, header};
 use palisade_protocol::admin::{HEALTHZ_PATH, METRICS_PATH};
@@ -42,12 +42,12 @@ use palisade_protocol::headers::PROMETHEUS_TEXT;
 use palisade_protocol::node::{
     LEADER_PATH, MEMBER_PATH, MEMBERS_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH,
 };
-use palisade_protocol::{MemberAdd, MemberList};
 use palisade_protocol::server::{ApiJson, ApiQuery, ControlLimits, finish};
 use palisade_protocol::status::STATUS_PAGE_PATH;
 use palisade_protocol::{
     FaultSpec, Health, LeaderView, LongPoll, Problem, Scope, TransferRequest, Transferred,
 };
+use palisade_protocol::{MemberAdd, MemberList};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -96,6 +96,8 @@ pub(crate) struct ApiState {
     pub leases: Option<crate::lease::LeaseApi>,
     /// The transport's test faults, only when they are enabled.
     pub faults: Option<Arc<LinkFaults>>,
+    /// The scores the election loop publishes; `None` without `--score-oracle`.
+    pub scores: Option<crate::score::SharedScoreView>,
     /// The members the election loop applied.
     pub members: watch::Receiver<MemberList>,
     /// The announce board and the audit log (the status page shows both).
@@ -118,6 +120,7 @@ impl ApiState {
     }
 
     fn view(&self, l: &Leadership) -> LeaderView {
+        let scores = self.scores.as_ref().map(crate::score::read_view);
         LeaderView {
             node_id: self.node_id,
             scope: self.scope.clone(),
@@ -129,6 +132,13 @@ impl ApiState {
             proof: l.proof.map(|p| p.encode()),
             lease_ms: self.leases.as_ref().map(|leases| leases.lease_ms),
             released: self.leases.as_ref().map(|_| l.token.is_some()),
+            score_oracle: scores.as_ref().map(|v| v.oracle.as_str().to_owned()),
+            scores: scores.map(|v| {
+                v.scores
+                    .into_iter()
+                    .map(|(id, score)| (id.to_string(), score))
+                    .collect()
+            }),
         }
     }
 }
@@ -547,6 +557,7 @@ mod tests {
                 faults: self
                     .faults
                     .then(|| Arc::new(LinkFaults::new(true, 1, [1, 2, 3]))),
+                scores: None,
                 members: watch::channel(MemberList::default()).1,
                 observer: Arc::new(crate::audit::Observer::new(
                     1,
@@ -623,6 +634,8 @@ mod tests {
                 proof: None,
                 lease_ms: None,
                 released: None,
+                scores: None,
+                score_oracle: None,
             }
         );
     }

@@ -5,6 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use palisade_protocol::{DEFAULT_SCOPE, Scope};
+
+use crate::score::{SCORE_HOLD_MS_DEFAULT, SCORE_HOLD_MS_MAX, SCORE_MARGIN_DEFAULT, ScoreOracle};
+use crate::transport::SCORE_ABS_MAX;
 use serde::{Deserialize, Serialize};
 
 /// Default tick period. 50-100 ms is short enough for a failover in about a second, and
@@ -57,7 +60,7 @@ pub const LEASE_HEARTBEATS_MIN: u64 = 3;
 /// `data_dir`, which [`NodeConfig::validate`] requires.
 // Each bool is an independent switch of its own flag or file key, not a state machine.
 #[allow(clippy::struct_excessive_bools)]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NodeConfig {
     /// This node's raft id: non-zero, unique in the cluster, never reused with wiped storage.
@@ -115,6 +118,18 @@ pub struct NodeConfig {
     /// The bound on the time from a proxy's last lease check to the storage applying the
     /// write (`--lease-write-bound-ms`).
     pub lease_write_bound_ms: u64,
+    /// How this node scores itself (`--score-oracle`); `None` (the default): no scores,
+    /// raft's randomized election as without them. See `crate::score`.
+    pub score_oracle: Option<ScoreOracle>,
+    /// The `static` oracle's score (`--score`); higher is better. Within
+    /// [`SCORE_ABS_MAX`] of zero.
+    pub score: f64,
+    /// Scores at most this far apart count as equal (`--score-margin`), in score units
+    /// (milliseconds for the latency oracles); at least 0.
+    pub score_margin: f64,
+    /// How long a follower must score better than the leader by more than the margin
+    /// before the leader hands over to it (`--score-hold-ms`).
+    pub score_hold_ms: u64,
     /// The audit log (`--audit-log`): one JSON line per announce, transfer and
     /// membership change (see `palisade_protocol::audit`). `None`: none is written.
     pub audit_log: Option<PathBuf>,
@@ -152,6 +167,10 @@ impl Default for NodeConfig {
             lease_ms: 0,
             lease_drift_ppm: LEASE_DRIFT_PPM_DEFAULT,
             lease_write_bound_ms: LEASE_WRITE_BOUND_MS_DEFAULT,
+            score_oracle: None,
+            score: 0.0,
+            score_margin: SCORE_MARGIN_DEFAULT,
+            score_hold_ms: SCORE_HOLD_MS_DEFAULT,
             audit_log: None,
             audit_log_bytes_max: palisade_protocol::audit::AUDIT_LOG_BYTES_MAX_DEFAULT,
             audit_log_keep: palisade_protocol::audit::AUDIT_LOG_KEEP_DEFAULT,
@@ -306,10 +325,47 @@ impl NodeConfig {
             }
         }
         self.check_leases()?;
+        self.check_scores()?;
         self.check_plaintext()?;
         self.raft_config()
             .validate()
             .map_err(|e| ConfigError::new(raft_error_field(&e), e.to_string()))
+    }
+
+    /// The score settings; `storage-rtt` needs proxies to measure.
+    fn check_scores(&self) -> Result<(), ConfigError> {
+        if !(self.score.is_finite() && self.score.abs() <= SCORE_ABS_MAX) {
+            return Err(ConfigError::new(
+                "score",
+                format!(
+                    "{} is not a finite number within +-{SCORE_ABS_MAX}",
+                    self.score
+                ),
+            ));
+        }
+        if !(self.score_margin.is_finite() && (0.0..=SCORE_ABS_MAX).contains(&self.score_margin)) {
+            return Err(ConfigError::new(
+                "score_margin",
+                format!("{} is outside [0, {SCORE_ABS_MAX}]", self.score_margin),
+            ));
+        }
+        if self.score_hold_ms > SCORE_HOLD_MS_MAX {
+            return Err(ConfigError::new(
+                "score_hold_ms",
+                format!(
+                    "{} is over the limit of {SCORE_HOLD_MS_MAX}",
+                    self.score_hold_ms
+                ),
+            ));
+        }
+        if self.score_oracle == Some(ScoreOracle::StorageRtt) && self.announce.is_empty() {
+            return Err(ConfigError::new(
+                "score_oracle",
+                "storage-rtt measures the round trip to the --announce proxies, and none is \
+                 configured",
+            ));
+        }
+        Ok(())
     }
 
     /// The lease settings: only checked when leases are on (`lease_ms` > 0).
@@ -412,6 +468,15 @@ impl NodeConfig {
             max_inflight_msgs: crate::transport::RAFT_INFLIGHT_MSGS_MAX,
             read_only_option: raft::ReadOnlyOption::Safe,
             skip_bcast_commit: false,
+            // With scores, the election timeout is set from the node's rank; the range
+            // leaves a slot per rank (without, 0 keeps raft's default of twice the minimum).
+            max_election_tick: match self.score_oracle {
+                Some(_) => crate::score::max_election_tick(
+                    usize::try_from(self.election_ticks).unwrap_or(usize::MAX),
+                    self.peers.len(),
+                ),
+                None => 0,
+            },
             ..raft::Config::default()
         }
     }

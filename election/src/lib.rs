@@ -56,6 +56,8 @@
 //! - `status_page`: the HTML status page at `GET /` on the node API.
 //! - `members`: the rules of membership changes, the conf changes that carry them, and
 //!   the members table they produce (the loop's side is in `node`).
+//! - `score`: leaders placed by score (`--score-oracle`): the oracles, sharing scores with
+//!   the peers, the election timeout by rank, and resignation to a better follower.
 #![deny(missing_docs)]
 
 mod announce;
@@ -67,6 +69,7 @@ mod lease;
 mod members;
 mod metrics;
 mod node;
+mod score;
 mod status_page;
 mod tls;
 mod token_source;
@@ -98,6 +101,10 @@ pub use palisade_protocol::{
     TransferRequest, Transferred,
 };
 pub use token_source::NodeHandleSource;
+pub use score::{
+    SCORE_HOLD_MS_DEFAULT, SCORE_HOLD_MS_MAX, SCORE_LEASE_GRACE_TICKS, SCORE_MARGIN_DEFAULT,
+    SCORE_RANK_SLOT_TICKS, SCORE_SHARE_TICKS, SCORE_STALE_ELECTIONS, ScoreOracle,
+};
 pub use transport::faults::FAULT_DELAY_MS_MAX;
 pub use transport::mem::MemNetwork;
-pub use transport::{FRAME_BYTES_MAX, PEER_QUEUE_MAX};
+pub use transport::{FRAME_BYTES_MAX, PEER_QUEUE_MAX, SCORE_ABS_MAX};

@@ -45,6 +45,9 @@ pub(crate) struct NodeMetrics {
     /// `palisade_node_snapshots_applied_total`: snapshots from a leader this node
     /// installed (a new member catching up after compaction, or a far-behind one).
     pub snapshots_applied: Counter,
+    /// `palisade_node_score_transfers_total`: leadership transfers this node started as
+    /// leader because a follower scored better for the hold time.
+    pub score_transfers: Counter,
     /// The node's own recorder, to register the per-reason counters of dropped incoming
     /// messages when a reason first occurs.
     recorder: Arc<PrometheusRecorder>,
@@ -114,6 +117,12 @@ impl NodeMetrics {
                 "Lease requests refused, by reason (the problem kind)."
             );
             metrics::describe_counter!(
+                "palisade_node_score_transfers_total",
+                Unit::Count,
+                "Leadership transfers started because a follower scored better than this \
+                 leader by more than the margin for the hold time."
+            );
+            metrics::describe_counter!(
                 "palisade_node_snapshots_applied_total",
                 Unit::Count,
                 "Snapshots from a leader this node installed."
@@ -139,6 +148,7 @@ impl NodeMetrics {
                     "palisade_node_snapshots_applied_total",
                     &labels
                 ),
+                score_transfers: metrics::counter!("palisade_node_score_transfers_total", &labels),
                 term: metrics::gauge!("palisade_node_term", &labels),
                 is_leader: metrics::gauge!("palisade_node_is_leader", &labels),
                 token: metrics::gauge!("palisade_node_token", &labels),

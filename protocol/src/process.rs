@@ -35,6 +35,10 @@ pub mod events {
     /// `announce` (every proxy accepted the term) or `lease-expiry` (the release wait
     /// passed first).
     pub const TOKEN_RELEASED: &str = "token-released";
+    /// A leader started handing leadership to a follower whose score stayed above its
+    /// own by more than the margin for longer than the hold time (fields `to`,
+    /// `own_score`, `to_score`, `oracle`).
+    pub const SCORE_TRANSFER: &str = "score-transfer";
     /// A proxy refused a write with a stale token.
     pub const STALE_REJECTED: &str = "stale-rejected";
     /// A proxy raised a fence.
@@ -49,10 +53,6 @@ pub mod events {
     /// A proxy in fleet mode saw a write complete after its lease expired plus the
     /// configured write bound: the one window the lease does not cover.
     pub const LEASE_OVERRUN: &str = "lease-overrun";
-}
-
-/// `palisade proxy listening on ADDR (admin ADDR)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
     /// A node applied a membership change (fields `change`: `add`, `remove` or
     /// `leave-joint`; `member_id`, `peer`, `index`, `voters`).
     pub const MEMBERSHIP_CHANGED: &str = "membership-changed";
@@ -61,6 +61,10 @@ pub mod events {
     pub const STORAGE_LOST: &str = "storage-lost";
     /// A node installed a snapshot from the leader (field `index`).
     pub const SNAPSHOT_APPLIED: &str = "snapshot-applied";
+}
+
+/// `palisade proxy listening on ADDR (admin ADDR)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProxyReady {
     /// The client listener.
     pub listen: SocketAddr,

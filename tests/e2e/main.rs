@@ -21,6 +21,9 @@
 //! - `election_process`: elections among `palisade node` processes: pauses, kills,
 //!   transfer, resign, long poll, configuration errors.
 //! - `election_announce`: a new leader fences the proxy without writing.
+//! - `election_scores`: leaders placed by score (`--score-oracle static`): the best node
+//!   leads, the next best while it is paused, leadership returns after the hold, a
+//!   behind log waits, scores within the margin never transfer.
 //! - `fleet_proxy`: proxies in fleet mode (`--cluster`) under leases: the old term
 //!   refused at every proxy, 503 while the cluster is unreachable, unlisted proxies.
 //! - `client_rust`: the Rust client against a real proxy.
@@ -44,6 +47,7 @@ mod client_rust;
 mod demo;
 mod election_announce;
 mod election_process;
+mod election_scores;
 mod fleet_proxy;
 mod proxy_connections;
 mod proxy_fencing;

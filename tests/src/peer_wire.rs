@@ -58,6 +58,7 @@ pub fn raft_frame(kind: MessageType, from: u64, to: u64, term: u64, commit: u64)
             from,
             to,
             payload: msg.write_to_bytes().unwrap(),
+            score: None,
         }
         .encode_to_vec(),
     )

@@ -254,6 +254,8 @@ mod tests {
             proof: None,
             lease_ms: None,
             released: None,
+            scores: None,
+            score_oracle: None,
         }
     }
 

@@ -21,6 +21,10 @@
 //! lease_drift_ppm = 10000                     # clock-rate bound for the release wait
 //! lease_write_bound_ms = 500                  # lease check to storage apply, at most
 //! insecure = false                            # plaintext off loopback (see below)
+//! score_oracle = "static"                     # leaders placed by score (unset: off)
+//! score = 10.0                                # the static oracle's score; higher is better
+//! score_margin = 0.5                          # scores this close count as equal
+//! score_hold_ms = 3000                        # a better follower waits this long to lead
 //! audit_log = "/var/log/palisade/node1.audit" # one JSON line per announce, transfer, member change
 //! audit_log_bytes_max = 67108864              # rotate the audit log at this size
 //! audit_log_keep = 4                          # rotated audit files kept
@@ -43,9 +47,11 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use palisade_election::{ConfigError, Node, NodeConfig, NodeError, NodeTls, StartError};
 use palisade_client::{ClientTls, MemberList, NodeApi};
 use palisade_election::StartOptions;
+use palisade_election::{
+    ConfigError, Node, NodeConfig, NodeError, NodeTls, ScoreOracle, StartError,
+};
 use palisade_protocol::process::{NodeReady, TEST_FAULTS_ENV, TEST_LOG_RETAINED_ENV};
 use serde::Deserialize;
 
@@ -118,6 +124,36 @@ pub struct NodeArgs {
     /// storage applying the write [default: 500].
     #[arg(long, env = "PALISADE_LEASE_WRITE_BOUND_MS", value_name = "MS")]
     pub lease_write_bound_ms: Option<u64>,
+    /// Place leaders by score: how this node scores itself, one of `static` (--score),
+    /// `storage-rtt` (round trip to the --announce proxies), `consensus-latency` (round
+    /// trip to a quorum of peers), `rotating` (the next id after a failed leader). The
+    /// best node campaigns first and a leader hands over to a node that stays better
+    /// [default: none, raft's randomized election].
+    #[arg(long, env = "PALISADE_SCORE_ORACLE", value_name = "ORACLE")]
+    pub score_oracle: Option<String>,
+    /// The `static` oracle's score; higher is better [default: 0].
+    #[arg(
+        long,
+        env = "PALISADE_SCORE",
+        value_name = "N",
+        allow_hyphen_values = true
+    )]
+    pub score: Option<f64>,
+    /// Scores at most this far apart count as equal (ties go to the lower id); in
+    /// milliseconds for the latency oracles [default: 0.5].
+    #[arg(long, env = "PALISADE_SCORE_MARGIN", value_name = "X")]
+    pub score_margin: Option<f64>,
+    /// A leader hands over to a caught-up follower only after it scored better by more
+    /// than the margin for this long [default: 3000].
+    #[arg(long, env = "PALISADE_SCORE_HOLD_MS", value_name = "MS")]
+    pub score_hold_ms: Option<u64>,
+    /// Audit log: one JSON line per announce, transfer and membership change; read it
+    /// with `palisade audit FILE`.
+    #[arg(long, env = "PALISADE_AUDIT_LOG", value_name = "FILE")]
+    pub audit_log: Option<PathBuf>,
+    /// Rotate the audit log when it would grow past this size [default: 67108864].
+    #[arg(long, env = "PALISADE_AUDIT_LOG_BYTES_MAX", value_name = "BYTES")]
+    pub audit_log_bytes_max: Option<u64>,
     /// This node's certificate (PEM), issued by the cluster CA and naming `node-<id>`:
     /// mutual TLS on the peer links, HTTPS on the API. Needs --key and --ca.
     #[arg(long, env = "PALISADE_CERT", value_name = "FILE")]
@@ -132,13 +168,6 @@ pub struct NodeArgs {
     /// --cert/--key/--ca). Anyone who reaches them can impersonate a peer.
     #[arg(long, env = "PALISADE_INSECURE")]
     pub insecure: bool,
-    /// Audit log: one JSON line per announce, transfer and membership change; read it
-    /// with `palisade audit FILE`.
-    #[arg(long, env = "PALISADE_AUDIT_LOG", value_name = "FILE")]
-    pub audit_log: Option<PathBuf>,
-    /// Rotate the audit log when it would grow past this size [default: 67108864].
-    #[arg(long, env = "PALISADE_AUDIT_LOG_BYTES_MAX", value_name = "BYTES")]
-    pub audit_log_bytes_max: Option<u64>,
     /// TOML file with any of the settings above; flags and environment override it.
     #[arg(long, env = "PALISADE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -238,6 +267,14 @@ struct FileConfig {
     lease_write_bound_ms: Option<u64>,
     /// `--insecure`.
     insecure: Option<bool>,
+    /// `--score-oracle`.
+    score_oracle: Option<String>,
+    /// `--score`.
+    score: Option<f64>,
+    /// `--score-margin`.
+    score_margin: Option<f64>,
+    /// `--score-hold-ms`.
+    score_hold_ms: Option<u64>,
     /// `--audit-log`.
     audit_log: Option<PathBuf>,
     /// `--audit-log-bytes-max`.
@@ -377,6 +414,13 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         args.key.or(file_tls.key),
         args.ca.or(file_tls.ca),
     )?;
+    let score_oracle = match args.score_oracle.or(file.score_oracle) {
+        Some(name) => Some(
+            name.parse::<ScoreOracle>()
+                .map_err(|message| ConfigError::new("score_oracle", message))?,
+        ),
+        None => None,
+    };
     let config = NodeConfig {
         id,
         peers,
@@ -418,6 +462,16 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
             .unwrap_or(defaults.lease_write_bound_ms),
         tls,
         insecure: args.insecure || file.insecure.unwrap_or(false),
+        score_oracle,
+        score: args.score.or(file.score).unwrap_or(defaults.score),
+        score_margin: args
+            .score_margin
+            .or(file.score_margin)
+            .unwrap_or(defaults.score_margin),
+        score_hold_ms: args
+            .score_hold_ms
+            .or(file.score_hold_ms)
+            .unwrap_or(defaults.score_hold_ms),
         audit_log: args.audit_log.or(file.audit_log),
         audit_log_bytes_max: args
             .audit_log_bytes_max
@@ -639,6 +693,61 @@ mod tests {
             assert_eq!(err.exit_code(), 2, "{err}");
             match err {
                 NodeCommandError::Config(c) => assert_eq!(c.field, field),
+                other => panic!("expected a config error for {field}, got {other}"),
+            }
+        }
+    }
+
+    /// Goal: the score settings come from the file and the flags, and bad ones are named.
+    /// Method: a file with an oracle and a score, a flag overriding the score; then an
+    /// unknown oracle, a negative margin, and storage-rtt without proxies.
+    #[test]
+    fn score_settings_come_from_file_and_flags() {
+        let c = build_config(args()).unwrap();
+        assert_eq!(c.score_oracle, None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        std::fs::write(
+            &path,
+            "score_oracle = \"static\"\nscore = 5.0\nscore_margin = 2.0\nscore_hold_ms = 700\n",
+        )
+        .unwrap();
+        let c = build_config(NodeArgs {
+            config: Some(path),
+            score: Some(-7.5),
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(
+            (c.score_oracle, c.score, c.score_margin, c.score_hold_ms),
+            (Some(ScoreOracle::Static), -7.5, 2.0, 700)
+        );
+        let cases: [(&str, NodeArgs); 3] = [
+            (
+                "score_oracle",
+                NodeArgs {
+                    score_oracle: Some("fastest".into()),
+                    ..args()
+                },
+            ),
+            (
+                "score_margin",
+                NodeArgs {
+                    score_margin: Some(-1.0),
+                    ..args()
+                },
+            ),
+            (
+                "score_oracle",
+                NodeArgs {
+                    score_oracle: Some("storage-rtt".into()),
+                    ..args()
+                },
+            ),
+        ];
+        for (field, a) in cases {
+            match build_config(a).unwrap_err() {
+                NodeCommandError::Config(c) => assert_eq!(c.field, field, "{c}"),
                 other => panic!("expected a config error for {field}, got {other}"),
             }
         }

@@ -136,6 +136,8 @@ async fn answer(
         proof: None,
         lease_ms: None,
         released: None,
+        scores: None,
+        score_oracle: None,
     };
     let body = serde_json::to_vec(&body).unwrap();
     let mut response = Response::new(Full::new(Bytes::from(body)));

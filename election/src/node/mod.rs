@@ -107,6 +107,11 @@ pub(crate) enum Msg {
         change: crate::members::MemberChange,
         reply: membership::MemberReply,
     },
+    /// A peer's score frame, already checked by the transport (see `crate::score`).
+    Score {
+        from: u64,
+        frame: crate::transport::ScoreFrame,
+    },
 }
 
 /// Entry point for running a node.
@@ -260,6 +265,22 @@ async fn start(
     });
     let metrics = NodeMetrics::new(id);
     let commands = Commands::new(tx);
+    // Scores (`--score-oracle`): the board lives in the election loop, the API reads its
+    // view; `storage-rtt` also runs a prober of the announce proxies.
+    let scores = config.score_oracle.map(|oracle| {
+        let probe = (oracle == crate::score::ScoreOracle::StorageRtt).then(|| {
+            crate::score::spawn_storage_probe(
+                id,
+                &config.announce,
+                &announce_tls,
+                shutdown.clone(),
+                &mut tasks,
+            )
+        });
+        crate::score::ScoreBoard::new(&config, oracle, probe, metrics.score_transfers.clone())
+    });
+    let score_view = scores.as_ref().map(crate::score::ScoreBoard::view);
+
 
     let observer = Arc::new(crate::audit::Observer::new(
         id,
@@ -316,6 +337,7 @@ async fn start(
                         commands: commands.clone(),
                         metrics: metrics.clone(),
                         leases: crate::lease::LeaseApi::from_config(&config),
+                        scores: score_view.clone(),
                         faults: faults.is_enabled().then(|| Arc::clone(&faults)),
                         members: members_rx.clone(),
                         observer: Arc::clone(&observer),
@@ -353,6 +375,7 @@ async fn start(
         signer,
         leases: lease::LeaseRounds::default(),
         release_wait: config.lease_release_wait(),
+        scores,
         established_at: None,
         membership: membership::Membership {
             table: members_table,

@@ -20,10 +20,7 @@ use super::guard::{DropLog, Guard, LocalState};
 use super::lease::LeaseRounds;
 use super::signer::TokenSigner;
 use super::transfer::PendingTransfer;
-use super::{
-    INBOX_BATCH_MAX, LeaseError, Msg, NodeError,
-    READY_ROUNDS_MAX, TransferError,
-};
+use super::{INBOX_BATCH_MAX, LeaseError, Msg, NodeError, READY_ROUNDS_MAX, TransferError};
 use crate::leadership::{Leadership, Role};
 use crate::metrics::NodeMetrics;
 use crate::transport::{Delivery, Transport};
@@ -69,6 +66,8 @@ pub(super) struct ElectionLoop {
     pub(super) release_wait: Option<Duration>,
     /// The term this node is established in and when (monotonic clock) it saw that.
     pub(super) established_at: Option<(u64, tokio::time::Instant)>,
+    /// Scores (`--score-oracle`); `None`: raft's randomized election, no score frames.
+    pub(super) scores: Option<crate::score::ScoreBoard>,
     /// The members table and its watchers (see `membership`).
     pub(super) membership: super::membership::Membership,
 }
@@ -229,6 +228,15 @@ impl ElectionLoop {
 
     /// One raft tick; transfers count their deadline in ticks too.
     fn on_tick(&mut self) {
+        // Scores first: they set the election timeout raft's tick compares with, and may
+        // ask this leader to hand over to a better follower.
+        if let Some(board) = &mut self.scores
+            && let Some(to) = board.on_tick(&mut self.raw_node, self.transport.as_mut())
+        {
+            // Nobody waits for the answer; `check_transfers` logs the outcome.
+            let (reply, _) = tokio::sync::oneshot::channel();
+            self.start_transfer(Some(to), reply);
+        }
         self.raw_node.tick();
         for t in &mut self.transfers {
             t.ticks_left = t.ticks_left.saturating_sub(1);
@@ -268,6 +276,13 @@ impl ElectionLoop {
             Msg::Transfer { to, reply } => self.start_transfer(to, reply),
             Msg::Lease { reply } => self.on_lease(reply),
             Msg::Member { change, reply } => self.on_member_request(&change, reply),
+            Msg::Score { from, frame } => {
+                // Only voters' frames count; a node without an oracle ignores them all.
+                let is_voter = self.raw_node.raft.prs().conf().voters().contains(from);
+                if let (Some(board), true) = (&mut self.scores, is_voter) {
+                    board.on_frame(from, frame);
+                }
+            }
             Msg::Announced { term } => {
                 // The term is released (when held back) by the next `publish`.
                 let announced = self.leadership.send_if_modified(|l| {
@@ -372,7 +387,7 @@ impl ElectionLoop {
                 Msg::Member { reply, .. } => {
                     let _ = reply.send(Err(crate::members::MemberError::Stopped));
                 }
-                Msg::Raft(_) | Msg::Announced { .. } => {}
+                Msg::Raft(_) | Msg::Announced { .. } | Msg::Score { .. } => {}
             }
         }
         self.stop_leases();

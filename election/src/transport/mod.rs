@@ -44,10 +44,14 @@ pub enum Delivery {
     Unreachable,
 }
 
-/// Something that carries raft messages to peers. Implementations must not block.
+/// Something that carries raft messages (and score frames) to peers. Implementations must
+/// not block.
 pub(crate) trait Transport: Send + 'static {
     /// Queues `msg` for `msg.to`, or drops it.
     fn send(&mut self, msg: Message) -> Delivery;
+    /// Queues a score frame for peer `to`, or drops it (scores are resent every share
+    /// period, so a dropped one is only late).
+    fn send_score(&mut self, to: u64, frame: ScoreFrame) -> Delivery;
     /// Follows a membership change: every id in `peers` (this node included) is reachable
     /// at its address from now on, and links to other ids are closed. The in-memory
     /// network reaches every attached node anyway.
@@ -86,6 +90,17 @@ impl PeerInbox {
     pub(crate) fn try_deliver(&self, msg: Message) -> bool {
         self.tx.try_send(Msg::Raft(Box::new(msg))).is_ok()
     }
+
+    /// Delivers a checked score frame from `from`, waiting for room. Returns false when the
+    /// node has stopped.
+    pub(crate) async fn deliver_score(&self, from: u64, frame: ScoreFrame) -> bool {
+        self.tx.send(Msg::Score { from, frame }).await.is_ok()
+    }
+
+    /// Delivers a checked score frame from `from` if there is room now.
+    pub(crate) fn try_deliver_score(&self, from: u64, frame: ScoreFrame) -> bool {
+        self.tx.try_send(Msg::Score { from, frame }).is_ok()
+    }
 }
 
 /// One frame on a peer connection after the handshake: a raft message and its routing.
@@ -98,9 +113,93 @@ pub struct PeerFrame {
     /// Receiver's raft id.
     #[prost(uint64, tag = "2")]
     pub to: u64,
-    /// A raft `eraftpb::Message`, protobuf-encoded (`write_to_bytes`).
+    /// A raft `eraftpb::Message`, protobuf-encoded (`write_to_bytes`); empty in a score
+    /// frame.
     #[prost(bytes = "vec", tag = "3")]
     pub payload: Vec<u8>,
+    /// A score frame instead of a raft message (then `payload` must be empty). Only nodes
+    /// started with a score oracle send these.
+    #[prost(message, optional, tag = "4")]
+    pub score: Option<ScoreFrame>,
+}
+
+/// What a node shares with each peer every score period (`crate::score`): its score, its
+/// log position (for the "behind log ranks last" rule), and a ping-pong pair of
+/// timestamps from which both sides measure their round trip.
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct ScoreFrame {
+    /// The sender's score (higher is better); absent while its oracle has no value.
+    #[prost(double, optional, tag = "1")]
+    pub score: Option<f64>,
+    /// The sender's last log index.
+    #[prost(uint64, tag = "2")]
+    pub last_index: u64,
+    /// The term of the sender's last log entry.
+    #[prost(uint64, tag = "3")]
+    pub last_term: u64,
+    /// When the sender sent this, in microseconds on its own monotonic clock (never 0).
+    #[prost(uint64, tag = "4")]
+    pub sent_us: u64,
+    /// The `sent_us` of the last frame the sender received from the receiver, echoed
+    /// unchanged (0: none yet).
+    #[prost(uint64, tag = "5")]
+    pub echo_us: u64,
+    /// How long the sender held that echoed frame before sending this one, in
+    /// microseconds; the receiver subtracts it from the round trip.
+    #[prost(uint64, tag = "6")]
+    pub echo_held_us: u64,
+}
+
+/// The largest score magnitude a frame may carry (and a static `--score` may have): far
+/// beyond any sensible score, and small enough that differences and margins stay exact
+/// in an `f64`.
+pub const SCORE_ABS_MAX: f64 = 1e12;
+/// The longest echo hold a frame may claim, in microseconds: a peer holds an echo for at
+/// most one share period, and one minute rules out only nonsense.
+pub const SCORE_ECHO_HELD_US_MAX: u64 = 60_000_000;
+
+/// Checks a received score frame: a finite score within [`SCORE_ABS_MAX`], a non-zero
+/// send time, and an echo hold within [`SCORE_ECHO_HELD_US_MAX`].
+pub(crate) fn check_score(frame: &ScoreFrame) -> Result<(), InboundError> {
+    if let Some(score) = frame.score
+        && !(score.is_finite() && score.abs() <= SCORE_ABS_MAX)
+    {
+        return Err(InboundError::Score(format!(
+            "score {score} is not a finite number within +-{SCORE_ABS_MAX}"
+        )));
+    }
+    if frame.sent_us == 0 {
+        return Err(InboundError::Score("sent_us is 0".to_owned()));
+    }
+    if frame.echo_held_us > SCORE_ECHO_HELD_US_MAX {
+        return Err(InboundError::Score(format!(
+            "echo_held_us {} is over the limit of {SCORE_ECHO_HELD_US_MAX}",
+            frame.echo_held_us
+        )));
+    }
+    Ok(())
+}
+
+/// What one received frame carries, once checked.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    /// A raft message.
+    Raft(Message),
+    /// A score frame.
+    Score(ScoreFrame),
+}
+
+/// Checks a received [`PeerFrame`] from `peer` at `me`: a raft message
+/// ([`check_inbound`]) or a score frame ([`check_score`]), never both.
+pub(crate) fn check_frame(frame: &PeerFrame, peer: u64, me: u64) -> Result<Inbound, InboundError> {
+    match frame.score {
+        Some(_) if !frame.payload.is_empty() => Err(InboundError::Score(format!(
+            "frame carries both a score and a raft payload of {} bytes",
+            frame.payload.len()
+        ))),
+        Some(score) => check_score(&score).map(|()| Inbound::Score(score)),
+        None => check_inbound(&frame.payload, peer, me).map(Inbound::Raft),
+    }
 }
 
 /// The first frame on every peer connection: who is calling whom.
@@ -145,6 +244,9 @@ pub enum InboundError {
         /// The authenticated peer of the connection.
         peer: u64,
     },
+    /// A malformed score frame.
+    #[error("bad score frame: {0}")]
+    Score(String),
 }
 
 /// Decodes a raft message received from `peer` and checks it before it may reach `step`:

@@ -44,8 +44,8 @@ use self::registry::Registry;
 
 use super::faults::{LinkFaults, Outbound};
 use super::{
-    Delivery, FRAME_BYTES_MAX, Hello, PEER_QUEUE_MAX, PROTOCOL_VERSION, PeerFrame, PeerInbox,
-    Transport, check_inbound, encode_raft,
+    Delivery, FRAME_BYTES_MAX, Hello, Inbound, PEER_QUEUE_MAX, PROTOCOL_VERSION, PeerFrame,
+    PeerInbox, ScoreFrame, Transport, check_frame, encode_raft,
 };
 use crate::tls::{NodeTlsMaterial, check_peer_certificate, peer_server_name};
 
@@ -70,9 +70,15 @@ pub const PEER_BATCH_MAX: usize = 64;
 /// Largest [`Hello`] frame, in bytes (it is three small integers).
 const HELLO_BYTES_MAX: usize = 64;
 
+/// What a peer's writer sends: a raft message or a score frame.
+enum Payload {
+    Raft(Message),
+    Score(ScoreFrame),
+}
+
 /// A message queued for a peer's writer.
 struct Outgoing {
-    msg: Message,
+    msg: Payload,
     /// Not to be written before this instant (a test delay); `None` almost always.
     due: Option<tokio::time::Instant>,
 }
@@ -139,7 +145,34 @@ impl TcpTransport {
     }
 }
 
+impl TcpTransport {
+    /// Queues `msg` for `to`'s writer, through the test faults (which delay or drop score
+    /// frames like raft messages, so a delayed link also shows a longer round trip).
+    fn queue(&mut self, to: u64, msg: Payload) -> Delivery {
+        let Some(link) = self.links.get(&to) else {
+            return Delivery::Unreachable;
+        };
+        if !link.connected.load(Ordering::Acquire) {
+            return Delivery::Unreachable;
+        }
+        let due = match self.faults.outbound(to) {
+            Outbound::Pass => None,
+            // A black hole: raft is told nothing, as with a real partition at first.
+            Outbound::Drop => return Delivery::Queued,
+            Outbound::Delay(delay) => Some(tokio::time::Instant::now() + delay),
+        };
+        match link.queue.try_send(Outgoing { msg, due }) {
+            Ok(()) => Delivery::Queued,
+            Err(_) => Delivery::Unreachable,
+        }
+    }
+}
+
 impl Transport for TcpTransport {
+    fn send(&mut self, msg: Message) -> Delivery {
+        self.queue(msg.to, Payload::Raft(msg))
+    }
+
     fn set_peers(&mut self, peers: &BTreeMap<u64, String>) {
         let gone: Vec<u64> = self
             .links
@@ -166,23 +199,8 @@ impl Transport for TcpTransport {
         *known = peers.keys().copied().collect();
     }
 
-    fn send(&mut self, msg: Message) -> Delivery {
-        let Some(link) = self.links.get(&msg.to) else {
-            return Delivery::Unreachable;
-        };
-        if !link.connected.load(Ordering::Acquire) {
-            return Delivery::Unreachable;
-        }
-        let due = match self.faults.outbound(msg.to) {
-            Outbound::Pass => None,
-            // A black hole: raft is told nothing, as with a real partition at first.
-            Outbound::Drop => return Delivery::Queued,
-            Outbound::Delay(delay) => Some(tokio::time::Instant::now() + delay),
-        };
-        match link.queue.try_send(Outgoing { msg, due }) {
-            Ok(()) => Delivery::Queued,
-            Err(_) => Delivery::Unreachable,
-        }
+    fn send_score(&mut self, to: u64, frame: ScoreFrame) -> Delivery {
+        self.queue(to, Payload::Score(frame))
     }
 }
 
@@ -429,20 +447,28 @@ async fn write_batch(
     w: &mut FrameWriter,
     id: u64,
     peer: u64,
-    batch: &mut Vec<Message>,
+    batch: &mut Vec<Payload>,
 ) -> io::Result<()> {
     for msg in batch.drain(..) {
-        let payload = match encode_raft(&msg) {
-            Ok(p) => p,
-            Err(err) => {
-                warn!(peer_id = peer, cause = %err, "cannot encode raft message; dropped");
-                continue;
-            }
-        };
-        let frame = PeerFrame {
-            from: id,
-            to: peer,
-            payload,
+        let frame = match msg {
+            Payload::Raft(msg) => match encode_raft(&msg) {
+                Ok(payload) => PeerFrame {
+                    from: id,
+                    to: peer,
+                    payload,
+                    score: None,
+                },
+                Err(err) => {
+                    warn!(peer_id = peer, cause = %err, "cannot encode raft message; dropped");
+                    continue;
+                }
+            },
+            Payload::Score(score) => PeerFrame {
+                from: id,
+                to: peer,
+                payload: Vec::new(),
+                score: Some(score),
+            },
         }
         .encode_to_vec();
         if frame.len() > FRAME_BYTES_MAX {
@@ -648,12 +674,18 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 ),
             ));
         }
-        let msg = check_inbound(&frame.payload, peer, ctx.id)
+        // A malformed frame (raft or score) ends the connection with the reason logged
+        // by the listener; the peer reconnects, and a broken peer keeps being refused.
+        let inbound = check_frame(&frame, peer, ctx.id)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         if ctx.faults.drops_from(peer) {
             continue;
         }
-        if !ctx.inbox.deliver(msg).await {
+        let delivered = match inbound {
+            Inbound::Raft(msg) => ctx.inbox.deliver(msg).await,
+            Inbound::Score(score) => ctx.inbox.deliver_score(peer, score).await,
+        };
+        if !delivered {
             return Ok(());
         }
     }

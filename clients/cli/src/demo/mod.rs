@@ -38,6 +38,12 @@ use worker::Event;
 const NODES_MIN: usize = 3;
 /// Most nodes the demo starts on one machine.
 const NODES_MAX: usize = 7;
+/// The demo nodes' `--score-margin`, in milliseconds of round trip: far above the
+/// differences between loopback round trips, so noise on a busy machine never moves
+/// leadership while the demo runs (equal scores go to the lower id).
+const DEMO_SCORE_MARGIN_MS: f64 = 5.0;
+/// Longest wait for every node's score to reach the leader's view.
+const SCORES_WAIT: Duration = Duration::from_secs(5);
 /// Longest wait for a leader, a failover, or a worker's answer.
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the first leader's worker writes before the pause.
@@ -164,7 +170,15 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     let lease_ms = LEASE_TICKS * args.tick_ms;
     let spec = ClusterSpec {
         nodes: args.nodes,
-        node_flags: vec!["--tick-ms".to_owned(), args.tick_ms.to_string()],
+        node_flags: vec![
+            "--tick-ms".to_owned(),
+            args.tick_ms.to_string(),
+            // Leaders placed by score: each node measures its round trip to the proxies.
+            "--score-oracle".to_owned(),
+            "storage-rtt".to_owned(),
+            "--score-margin".to_owned(),
+            DEMO_SCORE_MARGIN_MS.to_string(),
+        ],
         proxy_flags: store
             .as_ref()
             .map(|s| vec!["--upstream".to_owned(), s.url()])
@@ -237,6 +251,7 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
             }
         ),
     );
+    demo.show_scores(leader).await;
     demo.pump_for(WARMUP).await;
 
     // The pause: wait until the leader's worker holds its token in the middle of a job,
@@ -365,6 +380,44 @@ async fn demo(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
 }
 
 impl Demo {
+    /// One line per node with its score, as the leader's view shows them (waiting up to
+    /// [`SCORES_WAIT`] for every node's first measurement).
+    async fn show_scores(&mut self, leader: u64) {
+        let deadline = Instant::now() + SCORES_WAIT;
+        let mut view = None;
+        while Instant::now() < deadline {
+            self.pump();
+            let Some(node) = self.cluster.nodes.iter().find(|n| n.id() == leader) else {
+                break;
+            };
+            view = node.leadership().await;
+            let known = view
+                .as_ref()
+                .and_then(|v| v.scores.as_ref())
+                .map_or(0, BTreeMap::len);
+            if known >= self.cluster.nodes.len() {
+                break;
+            }
+            tokio::time::sleep(wait::POLL).await;
+        }
+        let oracle = view
+            .as_ref()
+            .and_then(|v| v.score_oracle.clone())
+            .unwrap_or_else(|| "none".to_owned());
+        let scores = view.and_then(|v| v.scores).unwrap_or_default();
+        let ids: Vec<u64> = self.cluster.ids();
+        for id in ids {
+            let what = match scores.get(&id.to_string()) {
+                Some(score) => format!(
+                    "score {score:.2} ({oracle}: minus the round trip to the proxies in ms; higher is better){}",
+                    if id == leader { ", the leader" } else { "" }
+                ),
+                None => format!("score unknown ({oracle})"),
+            };
+            self.say(&format!("node {id}"), &what);
+        }
+    }
+
     fn say(&self, who: &str, what: &str) {
         println!(
             "[{:>6.2}s] {who:<8} {what}",

@@ -32,6 +32,7 @@ fn heartbeat() -> Vec<u8> {
         from: 2,
         to: 1,
         payload: encode_raft(&msg).unwrap(),
+        score: None,
     };
     frame(&frame_body.encode_to_vec())
 }
@@ -39,6 +40,19 @@ fn heartbeat() -> Vec<u8> {
 /// Reads `bytes` as node 1's inbound connection from node 2, then the peer closes.
 /// Returns how the reader ended and the terms of the messages it delivered.
 async fn read(bytes: &[u8]) -> (io::Result<()>, Vec<u64>) {
+    let (ended, msgs) = read_msgs(bytes).await;
+    let terms = msgs
+        .into_iter()
+        .map_while(|m| match m {
+            Msg::Raft(msg) => Some(msg.term),
+            _ => None,
+        })
+        .collect();
+    (ended, terms)
+}
+
+/// Like [`read`], returning every message delivered to the inbox.
+async fn read_msgs(bytes: &[u8]) -> (io::Result<()>, Vec<Msg>) {
     let (tx, mut rx) = mpsc::channel(16);
     let ctx = ReaderCtx {
         id: 1,
@@ -53,11 +67,70 @@ async fn read(bytes: &[u8]) -> (io::Result<()>, Vec<u64>) {
     peer.write_all(bytes).await.unwrap();
     drop(peer);
     let ended = read_frames(stream, &ctx, None).await;
-    let mut terms = Vec::new();
-    while let Ok(Msg::Raft(msg)) = rx.try_recv() {
-        terms.push(msg.term);
+    let mut msgs = Vec::new();
+    while let Ok(msg) = rx.try_recv() {
+        msgs.push(msg);
     }
-    (ended, terms)
+    (ended, msgs)
+}
+
+/// A score frame from node 2 to node 1, with `payload` as its raft payload.
+fn score_frame(score: Option<f64>, payload: Vec<u8>) -> Vec<u8> {
+    let body = PeerFrame {
+        from: 2,
+        to: 1,
+        payload,
+        score: Some(ScoreFrame {
+            score,
+            last_index: 7,
+            last_term: 3,
+            sent_us: 1_000,
+            echo_us: 0,
+            echo_held_us: 0,
+        }),
+    };
+    frame(&body.encode_to_vec())
+}
+
+/// Goal: a score frame is delivered as one, between raft frames; a score that is not a
+/// finite number, or a frame carrying both a score and a raft payload, ends the
+/// connection (`InvalidData`, which the listener logs with the reason) and delivers
+/// nothing from that frame on.
+/// Method: read a good score frame between two heartbeats; then each malformed one
+/// before a heartbeat.
+#[tokio::test]
+async fn score_frames_are_delivered_and_malformed_ones_refused() {
+    let good = [
+        hello(),
+        heartbeat(),
+        score_frame(Some(-9.5), Vec::new()),
+        heartbeat(),
+    ];
+    let (ended, msgs) = read_msgs(&good.concat()).await;
+    ended.unwrap();
+    assert_eq!(msgs.len(), 3);
+    match &msgs[1] {
+        Msg::Score { from, frame } => {
+            assert_eq!(*from, 2);
+            assert_eq!(
+                (frame.score, frame.last_index, frame.last_term),
+                (Some(-9.5), 7, 3)
+            );
+        }
+        _ => panic!("the second message is the score frame"),
+    }
+    for bad in [
+        score_frame(Some(f64::NAN), Vec::new()),
+        score_frame(Some(f64::INFINITY), Vec::new()),
+        score_frame(Some(1e13), Vec::new()),
+        score_frame(Some(1.0), vec![0x08, 3]),
+    ] {
+        let (ended, msgs) = read_msgs(&[hello(), bad, heartbeat()].concat()).await;
+        let err = ended.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("score"), "{err}");
+        assert!(msgs.is_empty());
+    }
 }
 
 /// Goal: a handshake and a well-formed frame are read and delivered, and a clean close

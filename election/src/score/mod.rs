@@ -1,0 +1,147 @@
+//! Leaders placed by score: each node scores itself with an oracle, shares the score with
+//! its peers, and the scores decide who campaigns first and when a leader hands over.
+//!
+//! Raft still decides who may win (pre-vote, an up-to-date log, a majority); scores only
+//! change timing and raft's own leadership transfer:
+//!
+//! - **Direction.** A score is an `f64`, and higher is better everywhere. The latency
+//!   oracles score `-rtt` in milliseconds, so a node 10 ms from its proxies scores `-10`
+//!   and beats one 50 ms away (`-50`), and `--score-margin` is in milliseconds for them.
+//! - **Order** ([`order`]): a known score comes before an unknown one; two scores more
+//!   than the margin apart are ordered by score; scores within the margin count as equal
+//!   and the lower node id comes first.
+//! - **Election by rank** ([`timeout`]): a node that is not the leader counts the nodes
+//!   it hears from (fresh scores, the leader it follows excluded) that come before it,
+//!   where every node whose log is behind the most recent log among them comes after
+//!   every up-to-date node. Rank 0 sets raft's election timeout to its minimum,
+//!   `election_ticks`, plus [`SCORE_LEASE_GRACE_TICKS`]; rank `r` to `r` slots of
+//!   [`SCORE_RANK_SLOT_TICKS`] later plus a random part of less than a slot that only
+//!   breaks ties. A node that hears from a
+//!   better-ranked peer for the first time since it started restarts its election timer,
+//!   so the best node gets its turn even when it started last.
+//! - **Resignation** ([`resign`]): the leader transfers leadership (raft's transfer, so
+//!   the term and the token rise and are announced as usual) to a caught-up follower
+//!   whose score has stayed more than the margin above its own for longer than
+//!   `--score-hold-ms`. Scores moving within the margin never transfer.
+//!
+//! # Layout
+//! - `mod.rs` (this file): [`ScoreOracle`], the limits and defaults.
+//! - `order`: the order of scores with the margin, and a node's rank.
+//! - `timeout`: the election timeout of a rank.
+//! - `rtt`: round-trip samples and their median; θc for `consensus-latency`.
+//! - `probe`: the `storage-rtt` prober, timing `GET /healthz` of each `--announce` proxy.
+//! - `resign`: when the leader hands over.
+//! - `board`: the election loop's score state: sharing frames, receiving them, setting
+//!   the election timeout, deciding resignations, and the leader view's `scores`.
+
+mod board;
+mod order;
+mod probe;
+mod resign;
+mod rtt;
+mod timeout;
+
+use serde::{Deserialize, Serialize};
+
+pub(crate) use board::{ScoreBoard, SharedScoreView, read_view};
+pub(crate) use probe::spawn_storage_probe;
+
+/// How a node scores itself (`--score-oracle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum ScoreOracle {
+    /// The operator's number (`--score`).
+    Static,
+    /// `-rtt` in milliseconds: the median round trip from this node to its `--announce`
+    /// proxies (`GET /healthz`), the worst proxy counting. The leader writes through them,
+    /// so this is the score that matters for clients of the leader's worker.
+    StorageRtt,
+    /// `-θc` in milliseconds: the ⌊n/2⌋+1-th smallest round trip to the voters (this node
+    /// counted as 0), that is, the time a quorum takes to answer this node as leader.
+    ConsensusLatency,
+    /// The baseline of the POLE paper: the leader scores 1, and so does the voter that
+    /// follows it in id order (cyclically); every other node scores 0. A failed leader is
+    /// succeeded by the next id, and a sitting leader is never asked to hand over.
+    Rotating,
+}
+
+impl ScoreOracle {
+    /// The flag and view spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Static => "static",
+            Self::StorageRtt => "storage-rtt",
+            Self::ConsensusLatency => "consensus-latency",
+            Self::Rotating => "rotating",
+        }
+    }
+
+    /// Every oracle, for help texts and errors.
+    pub const ALL: [ScoreOracle; 4] = [
+        Self::Static,
+        Self::StorageRtt,
+        Self::ConsensusLatency,
+        Self::Rotating,
+    ];
+}
+
+impl std::fmt::Display for ScoreOracle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ScoreOracle {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|o| o.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|o| o.as_str()).collect();
+                format!(
+                    "unknown score oracle {s:?}; expected one of {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// Default `--score-margin`: below the unit step of `static` and `rotating` scores, and
+/// half a millisecond of round trip for the latency oracles (above loopback jitter).
+pub const SCORE_MARGIN_DEFAULT: f64 = 0.5;
+/// Default `--score-hold-ms`: how long a follower must stay better than the leader by more
+/// than the margin before the leader hands over. Each transfer costs a term and a short
+/// write pause, so a few seconds keep a passing change from moving leadership.
+pub const SCORE_HOLD_MS_DEFAULT: u64 = 3_000;
+/// Upper bound of `--score-hold-ms`: an hour is certainly a mistake.
+pub const SCORE_HOLD_MS_MAX: u64 = 3_600_000;
+/// Scores are sent to every peer once per this many ticks (with the default 100 ms tick,
+/// ten frames of a few dozen bytes per peer per second).
+pub const SCORE_SHARE_TICKS: u64 = 1;
+/// A peer's score is stale (counts as unknown) once nothing was heard from it for this
+/// many election timeouts (`election_ticks` ticks): raft's own check-quorum gives up on
+/// a silent peer on the same time scale.
+pub const SCORE_STALE_ELECTIONS: u64 = 1;
+/// Ticks the best-ranked node waits beyond `election_ticks`: followers with check-quorum
+/// ignore vote requests until `election_ticks` ticks passed since they heard the leader,
+/// and ticks of different nodes are not in phase, so campaigning one tick later finds
+/// every peer that heard the same last heartbeat ready to answer (see `timeout`).
+pub const SCORE_LEASE_GRACE_TICKS: u64 = 1;
+/// The width of one rank's slot of election timeout, in ticks: the best node campaigns
+/// at `election_ticks`, the next `SCORE_RANK_SLOT_TICKS` later, and so on. Two ticks (200
+/// ms by default) cover a pre-vote and a vote round trip with their fsyncs on a wide-area
+/// link, so the best node has won before the next one starts.
+pub const SCORE_RANK_SLOT_TICKS: u64 = 2;
+
+/// raft's `max_election_tick` with scores on, for `voters` voters whose minimum is
+/// `election_ticks`: room for a slot of [`SCORE_RANK_SLOT_TICKS`] per rank.
+pub(crate) fn max_election_tick(election_ticks: usize, voters: usize) -> usize {
+    timeout::max_election_tick(
+        election_ticks,
+        usize::try_from(SCORE_RANK_SLOT_TICKS).unwrap_or(1),
+        voters,
+    )
+}
