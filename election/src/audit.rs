@@ -188,13 +188,14 @@ pub(crate) fn open(config: &crate::NodeConfig) -> Result<Option<AuditLog>, crate
 }
 
 /// Writes a `membership` record whenever the members this node applied change, until
-/// `shutdown` or until the loop stops publishing.
-pub(crate) async fn watch_members(
+/// `shutdown` or until the loop stops publishing. The members it compares against are
+/// read now, when it is called, not when the future first runs.
+pub(crate) fn watch_members(
     observer: Arc<Observer>,
     mut members: watch::Receiver<MemberList>,
     leadership: watch::Receiver<Leadership>,
     shutdown: CancellationToken,
-) {
+) -> impl std::future::Future<Output = ()> {
     let as_map = |list: &MemberList| -> BTreeMap<u64, String> {
         list.members
             .iter()
@@ -202,21 +203,23 @@ pub(crate) async fn watch_members(
             .collect()
     };
     let mut known = as_map(&members.borrow_and_update());
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            changed = members.changed() => {
-                if changed.is_err() {
-                    return;
+    async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                changed = members.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
                 }
             }
+            let now = as_map(&members.borrow_and_update());
+            if let Some(what) = membership_change(&known, &now) {
+                let term = leadership.borrow().term;
+                observer.membership(term, what);
+            }
+            known = now;
         }
-        let now = as_map(&members.borrow_and_update());
-        if let Some(what) = membership_change(&known, &now) {
-            let term = leadership.borrow().term;
-            observer.membership(term, what);
-        }
-        known = now;
     }
 }
 
@@ -307,5 +310,69 @@ mod tests {
             "added 3 (a:3); removed 2; members now 1, 3"
         );
         assert_eq!(membership_change(&old, &old), None);
+    }
+
+    /// Goal: a change of the applied members is written to the audit log as a
+    /// `membership` record with the node, its term and what changed, against the members
+    /// read when the watcher was made. Method: make `watch_members` on a watch channel,
+    /// publish a list with a member added, read the file.
+    #[tokio::test]
+    async fn member_changes_are_written_to_the_audit_log() {
+        use palisade_protocol::Member;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.audit");
+        let log = AuditLog::open(&AuditConfig {
+            path: path.clone(),
+            bytes_max: 1 << 20,
+            keep: 1,
+        })
+        .unwrap();
+        let observer = Arc::new(Observer::new(7, &[], Some(log)));
+        let member = |id: u64| Member {
+            id,
+            peer: format!("127.0.0.1:{}", 7000 + id),
+            voter: true,
+        };
+        let list = |ids: &[u64]| MemberList {
+            members: ids.iter().map(|&id| member(id)).collect(),
+            ..MemberList::default()
+        };
+        let (tx, rx) = watch::channel(list(&[7, 8]));
+        let (_ltx, lrx) = watch::channel(Leadership {
+            term: 4,
+            ..Leadership::default()
+        });
+        let shutdown = CancellationToken::new();
+        let watcher = watch_members(observer, rx, lrx, shutdown.clone());
+        let task = tokio::spawn(watcher);
+        tx.send(list(&[7, 8, 9])).unwrap();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let records = loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let records: Vec<AuditRecord> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            if !records.is_empty() {
+                break records;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no membership record"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        shutdown.cancel();
+        task.await.unwrap();
+        assert_eq!(records.len(), 1, "{records:?}");
+        let r = &records[0];
+        assert_eq!(
+            (r.event.as_str(), r.node_id, r.term),
+            ("membership", Some(7), Some(4))
+        );
+        assert_eq!(
+            r.reason.as_deref(),
+            Some("added 9 (127.0.0.1:7009); members now 7, 8, 9")
+        );
     }
 }
