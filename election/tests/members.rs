@@ -56,15 +56,28 @@ fn leader_of(nodes: &BTreeMap<u64, NodeHandle>) -> Option<u64> {
 }
 
 async fn start_three(net: &MemNetwork) -> BTreeMap<u64, NodeHandle> {
+    start_three_on(net).await.0
+}
+
+/// Three nodes, and their databases (to restart one on its own).
+async fn start_three_on(
+    net: &MemNetwork,
+) -> (
+    BTreeMap<u64, NodeHandle>,
+    BTreeMap<u64, Arc<redb::Database>>,
+) {
     let mut nodes = BTreeMap::new();
+    let mut dbs = BTreeMap::new();
     for id in 1..=3 {
-        let n = Node::start_in_memory(config(id, &[1, 2, 3]), mem_db(), net)
+        let db = mem_db();
+        let n = Node::start_in_memory(config(id, &[1, 2, 3]), db.clone(), net)
             .await
             .unwrap();
         nodes.insert(id, n);
+        dbs.insert(id, db);
     }
     until("a leader", || leader_of(&nodes).is_some()).await;
-    nodes
+    (nodes, dbs)
 }
 
 /// Goal: a member added through a follower joins with an empty log, learns the members
@@ -164,4 +177,51 @@ fn outcome_message(id: u64) -> String {
         last_index: 0,
     }
     .to_string()
+}
+
+/// Goal: a restarted member starts from its stored members table, not from `--peers`,
+/// and a log that belongs to another node is refused with the field named. Method: add
+/// member 4 (never started); restart a follower on its database with its original
+/// three-node `--peers` and check it lists 4; then start id 9 on that database.
+#[tokio::test(start_paused = true)]
+async fn restart_uses_the_stored_members_and_a_foreign_log_is_refused() {
+    let net = MemNetwork::new();
+    let (mut nodes, dbs) = start_three_on(&net).await;
+    let leader = leader_of(&nodes).unwrap();
+    nodes[&leader]
+        .add_member(4, "127.0.0.1:7004".to_owned())
+        .await
+        .unwrap();
+    let follower = *nodes.keys().find(|&&id| id != leader).unwrap();
+    until("the follower applied the change", || {
+        let m = nodes[&follower].members().borrow().clone();
+        m.members.iter().any(|m| m.id == 4) && !m.joint
+    })
+    .await;
+    nodes.remove(&follower).unwrap().stop().await.unwrap();
+    net.detach(follower);
+    let again = Node::start_in_memory(config(follower, &[1, 2, 3]), dbs[&follower].clone(), &net)
+        .await
+        .unwrap();
+    let ids: Vec<u64> = again
+        .members()
+        .borrow()
+        .members
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(ids, vec![1, 2, 3, 4]);
+    again.stop().await.unwrap();
+    net.detach(follower);
+    let err = Node::start_in_memory(config(9, &[9]), dbs[&follower].clone(), &net)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        err.is_config() && text.contains("another node or cluster"),
+        "{text}"
+    );
+    for (_, n) in nodes {
+        n.stop().await.unwrap();
+    }
 }
