@@ -509,10 +509,10 @@ mod tests {
             Some(&peer),
         );
 
-        let (s, h, page) = call(&f, Method::GET, "/", "").await;
+        let (s, headers, page) = call(&f, Method::GET, "/", "").await;
         assert_eq!(s, StatusCode::OK, "{page}");
         assert!(
-            h[header::CONTENT_TYPE]
+            headers[header::CONTENT_TYPE]
                 .to_str()
                 .unwrap()
                 .starts_with("text/html")
@@ -537,10 +537,51 @@ mod tests {
         assert_eq!((fence.scope.as_str(), fence.token), ("jobs", 5));
         assert_eq!(fence.raised_from, Some(0));
         assert!(fence.raised_at.is_some());
-        let r = &status.rejections[0];
-        assert_eq!((r.presented, r.current), (Some(3), Some(5)));
-        assert_eq!(r.path.as_deref(), Some("/<script>alert(1)</script>"));
+        let rejection = &status.rejections[0];
+        assert_eq!((rejection.presented, rejection.current), (Some(3), Some(5)));
+        assert_eq!(
+            rejection.path.as_deref(),
+            Some("/<script>alert(1)</script>")
+        );
         assert_eq!(status.rejections_total, 1);
         assert!(status.lease.is_none() && status.audit.is_none());
+    }
+
+    /// Goal: the status page and `/v1/status` are admin reads: with an admin token
+    /// configured they are 401 without it and 200 with it (they show tokens, client
+    /// addresses and paths). Method: GET both through `oneshot` on a router with a token.
+    #[tokio::test]
+    async fn status_page_needs_the_admin_token_when_one_is_configured() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir);
+        let secret = "0123456789abcdef0123456789abcdef";
+        for path in ["/", "/v1/status"] {
+            for bearer in [None, Some(secret)] {
+                let mut request = Request::builder().method(Method::GET).uri(path);
+                if let Some(b) = bearer {
+                    request = request.header(header::AUTHORIZATION, format!("Bearer {b}"));
+                }
+                let state = AdminState {
+                    fencer: Arc::clone(&f),
+                    proofs: None,
+                    auth: Arc::new(AdminAuth {
+                        token: Some(crate::auth::AdminToken::new(secret.as_bytes())),
+                        metrics_public: false,
+                    }),
+                    upstream: "embedded".to_owned(),
+                    admin_addr: "127.0.0.1:0".to_owned(),
+                };
+                let response = app(state)
+                    .oneshot(request.body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                let expected = if bearer.is_some() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::UNAUTHORIZED
+                };
+                assert_eq!(response.status(), expected, "{path} with {bearer:?}");
+            }
+        }
     }
 }
