@@ -239,3 +239,63 @@ pub(crate) fn render(status: &ProxyStatus, admin: &str) -> String {
         status.time.get(..19).unwrap_or_default().replace('T', " ")
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::audit::Activity;
+    use crate::error::ProxyError;
+
+    fn fencer(dir: &tempfile::TempDir, fleet: bool) -> Fencer {
+        let db = palisade_storage::open_database(&dir.path().join("a.redb")).unwrap();
+        let register = palisade_storage::FenceRegister::open(db, 100).unwrap();
+        let fencer = Fencer::new(register, Duration::from_millis(200))
+            .with_activity(Arc::new(Activity::default()));
+        if fleet {
+            fencer.with_lease(Arc::new(crate::fleet::Lease::new(
+                Duration::from_millis(500),
+                Duration::from_millis(500),
+            )))
+        } else {
+            fencer
+        }
+    }
+
+    /// Goal: in fleet mode the page shows the lease (none yet, before a grant), and a
+    /// failed forward turns the upstream's health to failing with its cause; in
+    /// standalone mode the page says there is no lease. Method: render snapshots of a
+    /// fleet fencer after an upstream failure, and of a standalone one.
+    #[test]
+    fn page_shows_the_lease_in_fleet_mode_and_a_failing_upstream() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir, true);
+        f.activity()
+            .upstream_failed(&ProxyError::UpstreamTimeout { timeout_ms: 30_000 });
+        let status = snapshot(&f, "http://db:9000");
+        assert!(
+            status
+                .lease
+                .as_ref()
+                .is_some_and(|l| !l.valid && l.term == 0)
+        );
+        let page = render(&status, "127.0.0.1:8081");
+        assert!(page.contains("<h2>Fleet lease</h2>"), "{page}");
+        assert!(page.contains("<dd class=\"warn\">none yet</dd>"), "{page}");
+        assert!(
+            page.contains("<dd class=\"bad\">failing (last forward failed)</dd>"),
+            "{page}"
+        );
+        assert!(page.contains("http://db:9000"), "{page}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let page = render(&snapshot(&fencer(&dir, false), "embedded"), "a");
+        assert!(
+            page.contains("Standalone mode: this proxy holds no lease."),
+            "{page}"
+        );
+        assert!(page.contains("no request forwarded yet"), "{page}");
+    }
+}
