@@ -632,6 +632,38 @@ async fn join_members(config: &NodeConfig, url: &str) -> Result<MemberList, Node
 mod tests {
     use super::*;
 
+    /// Goal: `--join` refuses, before anything starts, what cannot be a join: `--peers`
+    /// naming other nodes (exit 2), a non-empty data directory without a raft log (exit
+    /// 2), and a join URL that does not answer (exit 1, naming the URL). Method: call
+    /// `join_members` with each; the URL is a closed local port.
+    #[tokio::test]
+    async fn join_refuses_other_peers_a_foreign_dir_and_a_silent_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = "http://127.0.0.1:1";
+        let mut config = NodeConfig {
+            id: 4,
+            peers: [(4, "127.0.0.1:7004".to_owned())].into_iter().collect(),
+            data_dir: dir.path().join("node4"),
+            ..NodeConfig::default()
+        };
+        let err = join_members(&config, url).await.unwrap_err();
+        assert!(matches!(err, NodeCommandError::Join { .. }), "{err}");
+        assert_eq!(err.exit_code(), 1);
+        assert!(err.to_string().contains(url), "{err}");
+
+        config.peers.insert(1, "127.0.0.1:7001".to_owned());
+        let err = join_members(&config, url).await.unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{err}");
+        assert!(err.to_string().contains("only this node"), "{err}");
+
+        config.peers.remove(&1);
+        std::fs::create_dir_all(&config.data_dir).unwrap();
+        std::fs::write(config.data_dir.join("notes.txt"), "not a raft log").unwrap();
+        let err = join_members(&config, url).await.unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{err}");
+        assert!(err.to_string().contains("holds no raft log"), "{err}");
+    }
+
     fn args() -> NodeArgs {
         NodeArgs {
             id: Some(1),
