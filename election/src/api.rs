@@ -310,7 +310,7 @@ async fn member_add(
         id: add.id,
         peer: add.peer,
     };
-    crate::members::change_and_wait(&state.commands, &state.members, change)
+    crate::members::change_and_wait(&state.commands, &state.members, state.node_id, change)
         .await
         .map(ApiJson)
         .map_err(|err| state.problem(member_problem(&err)))
@@ -332,7 +332,7 @@ async fn member_remove(
         )
     })?;
     let change = crate::members::MemberChange::Remove { id };
-    crate::members::change_and_wait(&state.commands, &state.members, change)
+    crate::members::change_and_wait(&state.commands, &state.members, state.node_id, change)
         .await
         .map(ApiJson)
         .map_err(|err| state.problem(member_problem(&err)))

@@ -349,17 +349,21 @@ pub(crate) fn view(table: &MembersTable, cs: &ConfState) -> MemberList {
 }
 
 /// Proposes `change` through the loop and waits (at most [`MEMBER_CHANGE_TIMEOUT_MS`])
-/// until this node applied it and left the joint configuration; answers the members then.
+/// until this node (`own_id`) applied it and left the joint configuration; answers the
+/// members then. A node asked to remove itself answers once it applied its removal: the
+/// entry that leaves the joint configuration may never reach it.
 pub(crate) async fn change_and_wait(
     commands: &crate::node::Commands,
     members: &tokio::sync::watch::Receiver<MemberList>,
+    own_id: u64,
     change: MemberChange,
 ) -> Result<MemberList, MemberError> {
     let mut rx = members.clone();
     commands.member_change(change.clone()).await?;
+    let removing_self = change == MemberChange::Remove { id: own_id };
     let waited = tokio::time::timeout(
         std::time::Duration::from_millis(MEMBER_CHANGE_TIMEOUT_MS),
-        rx.wait_for(|l| change.is_done(l) && !l.joint),
+        rx.wait_for(|l| change.is_done(l) && (!l.joint || removing_self)),
     )
     .await;
     match waited {

@@ -225,3 +225,25 @@ async fn restart_uses_the_stored_members_and_a_foreign_log_is_refused() {
         n.stop().await.unwrap();
     }
 }
+
+/// Goal: a follower asked to remove itself answers once it applied its removal, and the
+/// rest of the cluster leaves the joint configuration with the two others. Method: three
+/// nodes; a follower removes itself; wait until the leader lists two members, not joint.
+#[tokio::test(start_paused = true)]
+async fn follower_removing_itself_answers_and_the_others_go_on() {
+    let net = MemNetwork::new();
+    let nodes = start_three(&net).await;
+    let leader = leader_of(&nodes).unwrap();
+    let follower = *nodes.keys().find(|&&id| id != leader).unwrap();
+    let list = nodes[&follower].remove_member(follower).await.unwrap();
+    assert!(list.removed.contains(&follower), "{list:?}");
+    until("the leader left the joint configuration", || {
+        let m = nodes[&leader].members().borrow().clone();
+        m.members.len() == 2 && !m.joint
+    })
+    .await;
+    assert!(nodes[&leader].leadership().borrow().token.is_some());
+    for (_, n) in nodes {
+        n.stop().await.unwrap();
+    }
+}

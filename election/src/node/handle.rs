@@ -34,9 +34,11 @@ impl Commands {
         answer.await.map_err(|_| TransferError::Stopped)?
     }
 
-    /// Asks the loop for a lease: the term a quorum confirmed after this call.
-    pub(crate) async fn lease(&self) -> Result<u64, LeaseError> {
+    /// Asks the loop for a lease: the term a quorum confirmed after this call; `urgent`:
+    /// in a round started without gathering.
+    pub(crate) async fn lease(&self, urgent: bool) -> Result<u64, LeaseError> {
         let (reply, answer) = oneshot::channel();
+        let reply = super::LeaseReply::new(reply, urgent);
         self.tx
             .send(Msg::Lease { reply })
             .await
@@ -141,7 +143,7 @@ impl NodeHandle {
         peer: String,
     ) -> Result<palisade_protocol::MemberList, crate::MemberError> {
         let change = crate::members::MemberChange::Add { id, peer };
-        crate::members::change_and_wait(&self.commands, &self.members, change).await
+        crate::members::change_and_wait(&self.commands, &self.members, self.id, change).await
     }
 
     /// Removes member `id` (never the leader: move leadership first), and waits like
@@ -151,7 +153,7 @@ impl NodeHandle {
         id: u64,
     ) -> Result<palisade_protocol::MemberList, crate::MemberError> {
         let change = crate::members::MemberChange::Remove { id };
-        crate::members::change_and_wait(&self.commands, &self.members, change).await
+        crate::members::change_and_wait(&self.commands, &self.members, self.id, change).await
     }
 
     /// The node's metrics in Prometheus text format.
