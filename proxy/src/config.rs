@@ -719,6 +719,29 @@ mod tests {
         assert_eq!(c.admin_listen.to_string(), ADMIN_LISTEN_DEFAULT);
     }
 
+    /// Goal: the audit log's settings read from TOML, and a size limit below
+    /// `AUDIT_LOG_BYTES_MIN` is refused naming `audit_log_bytes_max`.
+    /// Method: parse a file with the three fields; validate, then shrink the limit.
+    #[test]
+    fn audit_log_settings_parse_and_a_tiny_limit_is_refused() {
+        let mut c = toml::from_str::<ProxyConfig>(
+            "audit_log = \"/var/log/p.audit\"\naudit_log_bytes_max = 4096\naudit_log_keep = 2\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.audit_log.as_deref(),
+                c.audit_log_bytes_max,
+                c.audit_log_keep
+            ),
+            (Some(std::path::Path::new("/var/log/p.audit")), 4096, 2)
+        );
+        c.validate().unwrap();
+        c.audit_log_bytes_max = AUDIT_LOG_BYTES_MIN - 1;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("audit_log_bytes_max"), "{err}");
+    }
+
     /// Goal: a misspelt field is an error naming it, not silently ignored.
     /// Method: parse TOML with `listn`.
     #[test]
