@@ -412,3 +412,70 @@ impl ScoreBoard {
         Some(to)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board() -> ScoreBoard {
+        let config = NodeConfig {
+            id: 1,
+            peers: [(1, "127.0.0.1:1"), (2, "127.0.0.1:2"), (3, "127.0.0.1:3")]
+                .into_iter()
+                .map(|(id, a)| (id, a.to_owned()))
+                .collect(),
+            score_oracle: Some(ScoreOracle::ConsensusLatency),
+            ..NodeConfig::default()
+        };
+        ScoreBoard::new(
+            &config,
+            ScoreOracle::ConsensusLatency,
+            None,
+            metrics::Counter::noop(),
+        )
+    }
+
+    fn frame(echo_us: u64, echo_held_us: u64) -> ScoreFrame {
+        ScoreFrame {
+            score: Some(-3.0),
+            last_index: 5,
+            last_term: 2,
+            sent_us: 77,
+            echo_us,
+            echo_held_us,
+        }
+    }
+
+    /// Goal: an echo of this node's frame becomes one round-trip sample (less the time the
+    /// peer held it), the same echo never counts twice, an echo claiming a hold longer
+    /// than the time since sending is no sample, and an echo from the future is ignored.
+    /// Method: frames from node 2 echoing this board's clock.
+    #[test]
+    fn echoes_become_round_trip_samples_once() {
+        let mut b = board();
+        let sent = b.now_us(Instant::now());
+        std::thread::sleep(Duration::from_millis(5));
+        b.on_frame(2, frame(sent, 1_000));
+        let rtt = b.peers[&2].rtt.median().unwrap();
+        assert!((4.0..1_000.0).contains(&rtt), "{rtt} ms");
+        b.on_frame(2, frame(sent, 1_000));
+        assert_eq!(b.peers[&2].rtt.len(), 1, "one echo, one sample");
+        let later = b.now_us(Instant::now());
+        b.on_frame(2, frame(later, 60_000_000));
+        assert_eq!(
+            b.peers[&2].rtt.len(),
+            1,
+            "a hold longer than the round trip"
+        );
+        b.on_frame(3, frame(u64::MAX, 0));
+        assert_eq!(b.peers[&3].rtt.len(), 0, "an echo from the future");
+        // Both peers are fresh now and their frames are remembered.
+        let now = Instant::now();
+        assert_eq!(b.fresh(2, now).map(|f| f.last_index), Some(5));
+        assert!(b.fresh(3, now).is_some());
+        assert!(
+            b.fresh(3, now + b.stale + Duration::from_millis(1))
+                .is_none()
+        );
+    }
+}

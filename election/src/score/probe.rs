@@ -23,6 +23,10 @@ use super::rtt::RttWindow;
 pub const STORAGE_PROBE_INTERVAL_MS: u64 = 500;
 /// Time one probe may take; a slower or failed one counts as this many milliseconds.
 pub const STORAGE_PROBE_TIMEOUT_MS: u64 = 2_000;
+/// Samples per proxy before the score is published (until then it is unknown, which ranks
+/// last and never draws a hand-over): one sample is too easily an outlier of a busy
+/// moment, and a node's first scores would otherwise move leadership for nothing.
+pub const STORAGE_PROBE_SAMPLES_MIN: usize = 3;
 
 /// Starts the prober in `tasks`; the returned watch holds the worst proxy's median round
 /// trip in milliseconds (`None` until every proxy has a sample).
@@ -50,6 +54,7 @@ pub(crate) fn spawn_storage_probe(
     tasks.spawn(
         async move {
             let mut windows = vec![RttWindow::default(); admins.len()];
+            let mut first_round = true;
             let mut interval =
                 tokio::time::interval(Duration::from_millis(STORAGE_PROBE_INTERVAL_MS));
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -59,6 +64,11 @@ pub(crate) fn spawn_storage_probe(
                     _ = interval.tick() => {}
                 }
                 for ((url, admin), window) in admins.iter().zip(windows.iter_mut()) {
+                    // The first probe of a proxy also opens the connection (and its TLS
+                    // session): not a round trip the leader's writes would pay.
+                    if first_round {
+                        let _ = admin.health().await;
+                    }
                     let started = Instant::now();
                     let ms = match admin.health().await {
                         Ok(_) => started.elapsed().as_secs_f64() * 1_000.0,
@@ -69,9 +79,14 @@ pub(crate) fn spawn_storage_probe(
                     };
                     window.push(ms);
                 }
+                first_round = false;
                 let worst = windows
                     .iter()
-                    .map(RttWindow::median)
+                    .map(|w| {
+                        (w.len() >= STORAGE_PROBE_SAMPLES_MIN)
+                            .then(|| w.median())
+                            .flatten()
+                    })
                     .try_fold(0.0_f64, |acc, m| m.map(|m| acc.max(m)));
                 tx.send_replace(worst);
             }

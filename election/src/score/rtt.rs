@@ -22,6 +22,11 @@ impl RttWindow {
         self.samples.push_back(ms);
     }
 
+    /// How many samples the window holds.
+    pub(crate) fn len(&self) -> usize {
+        self.samples.len()
+    }
+
     /// The median of the samples (the lower middle one of an even count), `None` without
     /// any.
     pub(crate) fn median(&self) -> Option<f64> {
