@@ -45,6 +45,17 @@ pub(crate) struct Observer {
     announce: Mutex<BTreeMap<String, AnnounceState>>,
 }
 
+/// A proxy's state before its first announcement.
+fn not_yet() -> AnnounceState {
+    AnnounceState {
+        token: None,
+        outcome: "not yet",
+        at: None,
+        detail: None,
+        attempts: 0,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Each critical section is an insert or a copy that cannot panic half-way.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -53,21 +64,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Observer {
     /// An observer for `node_id` with the configured proxies, writing to `audit`.
     pub(crate) fn new(node_id: u64, proxies: &[String], audit: Option<AuditLog>) -> Self {
-        let announce = proxies
-            .iter()
-            .map(|url| {
-                (
-                    url.clone(),
-                    AnnounceState {
-                        token: None,
-                        outcome: "not yet",
-                        at: None,
-                        detail: None,
-                        attempts: 0,
-                    },
-                )
-            })
-            .collect();
+        let announce = proxies.iter().map(|url| (url.clone(), not_yet())).collect();
         Self {
             node_id,
             started: SystemTime::now(),
@@ -88,7 +85,11 @@ impl Observer {
         let detail = detail.map(|d| cut(&d, ANNOUNCE_DETAIL_BYTES_MAX).to_owned());
         {
             let mut board = lock(&self.announce);
-            // Only configured proxies are on the board, so it cannot grow.
+            // A proxy not on the board yet (the announce list changed) is added, up to
+            // the announce list's own limit, so the board cannot grow past it.
+            if !board.contains_key(url) && board.len() < crate::config::ANNOUNCE_URLS_MAX {
+                board.insert(url.to_owned(), not_yet());
+            }
             if let Some(state) = board.get_mut(url) {
                 let attempts = if state.token == Some(token) {
                     state.attempts + 1
@@ -272,10 +273,11 @@ fn cut(text: &str, max: usize) -> &str {
 mod tests {
     use super::*;
 
-    /// Goal: the board counts attempts per token, starts over for a new token, and
-    /// ignores proxies that are not configured. Method: record a few outcomes.
+    /// Goal: the board counts attempts per token, starts over for a new token, and takes
+    /// a proxy it did not list (the announce list changed). Method: record a few
+    /// outcomes.
     #[test]
-    fn board_tracks_attempts_per_token_for_configured_proxies() {
+    fn board_tracks_attempts_per_token_and_takes_new_proxies() {
         let o = Observer::new(1, &["http://p1".to_owned()], None);
         o.announced(
             "http://p1",
@@ -284,7 +286,6 @@ mod tests {
             Some("connection refused".into()),
         );
         o.announced("http://p1", 3, "accepted", None);
-        o.announced("http://other", 3, "accepted", None);
         let states = o.announce_states();
         assert_eq!(states.len(), 1);
         assert_eq!(
@@ -297,6 +298,11 @@ mod tests {
             (s.attempts, s.detail.as_ref().map(String::len)),
             (1, Some(ANNOUNCE_DETAIL_BYTES_MAX))
         );
+        o.announced("http://p2", 4, "accepted", None);
+        assert_eq!(o.announce_states().len(), 2);
+        let states = o.announce_states();
+        let urls: Vec<&str> = states.iter().map(|(u, _)| u.as_str()).collect();
+        assert_eq!(urls, ["http://p1", "http://p2"]);
     }
 
     /// Goal: a membership change is described by what was added and removed.
