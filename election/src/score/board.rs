@@ -4,11 +4,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use metrics::Counter;
 use raft::{RawNode, StateRole};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, info};
 
 use palisade_protocol::process::events;

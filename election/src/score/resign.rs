@@ -2,7 +2,9 @@
 //! than the margin, fresh and caught up, without a break, for longer than the hold time.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// What the leader knows of one follower at one check.
 #[derive(Debug, Clone, Copy, PartialEq)]
