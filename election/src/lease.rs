@@ -15,7 +15,10 @@
 //! - no quorum confirmation within the wait (the smaller of [`LEASE_WAIT_TIMEOUT_MS`] and
 //!   `lease_ms`): 503 `lease-timeout`;
 //! - else 200 [`LeaseGrant`]: the term a quorum confirmed this node leads, after the
-//!   request arrived (a raft `ReadIndex` round; concurrent requests share one round).
+//!   request arrived (a raft `ReadIndex` round started after it arrived; the leader
+//!   gathers requests so that one round answers every request that arrived before it
+//!   started: see the election loop's `lease` module). An `urgent` request (a write
+//!   waits for it) is not held to gather others.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -134,7 +137,7 @@ pub(crate) async fn lease(
         ));
     };
     let wait = leases.wait();
-    let outcome = tokio::time::timeout(wait, state.commands.lease()).await;
+    let outcome = tokio::time::timeout(wait, state.commands.lease(request.urgent)).await;
     let err = match outcome {
         Ok(Ok(term)) => {
             return Ok(ApiJson(LeaseGrant {

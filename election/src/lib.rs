@@ -91,8 +91,9 @@ pub use leadership::{Leadership, ReleasedBy, TOKEN_PROOF_BYTES, TokenProof};
 pub use lease::{LEASE_BUSY, LEASE_PENDING_MAX, LEASE_TIMEOUT, LEASE_WAIT_TIMEOUT_MS};
 pub use members::{MEMBER_CHANGE_TIMEOUT_MS, MEMBERS_MAX, MemberError};
 pub use node::{
-    INBOX_MAX, KEY_FILE_BYTES_MAX, LEASE_ROUND_TIMEOUT_MS, LeaseError, Node, NodeError, NodeHandle, StartOptions,
-    StartError, TERM_ACCEPTED_MAX, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
+    INBOX_MAX, KEY_FILE_BYTES_MAX, LEASE_GATHER_LEASE_DIVISOR, LEASE_GATHER_MS_MAX,
+    LEASE_ROUND_TIMEOUT_MS, LeaseError, Node, NodeError, NodeHandle, StartError, StartOptions,
+    TERM_ACCEPTED_MAX, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
 };
 /// The wire types of the node API, defined once in `palisade_protocol` and re-exported
 /// here so embedders need not name that crate.

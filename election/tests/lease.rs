@@ -161,6 +161,7 @@ impl Cluster {
             .post(self.url(id, "/v1/lease"))
             .json(&LeaseRequest {
                 proxy: proxy.to_owned(),
+                urgent: false,
             })
             .send()
             .await

@@ -37,6 +37,12 @@ pub const LEASE_EXPIRED: &str = "lease-expired";
 pub struct LeaseRequest {
     /// The proxy, named by its admin URL exactly as the nodes' `--announce` lists it.
     pub proxy: String,
+    /// A write waits for this renewal (its lease lapsed, or its token is above the
+    /// lease's term): the leader starts a round for it without gathering. False (the
+    /// default, not sent): a renewal ahead of the lease's end, which the leader may hold
+    /// for up to its gather interval so that one round answers many proxies.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub urgent: bool,
 }
 
 /// The leader's answer: it led, confirmed by a quorum, at some moment after the request

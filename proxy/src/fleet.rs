@@ -1,11 +1,16 @@
 //! Fleet mode: the lease on the cluster's current term, and admission under it.
 //!
 //! A proxy started with `cluster` (the nodes' API URLs) follows one cluster. One task
-//! renews its lease with `POST /v1/lease` every third of the granted `lease_ms`, trying
-//! the nodes in turn from the last one that answered as leader. The leader answers only
-//! after a quorum confirmed its leadership after the request arrived, so the lease is
-//! measured from when the request was *sent*, on the proxy's monotonic clock: it holds
-//! until `sent + lease_ms`.
+//! renews its lease with `POST /v1/lease` (one request carries the proxy's whole lease:
+//! a fleet follows one scope) every third of the granted `lease_ms`. A renewal on the
+//! timer asks the node that last granted first and every other node too once it refuses
+//! or [`RENEW_HEDGE_MS`] passed; a renewal a request waits for asks every node at once
+//! (see [`Renewer::run`]). The first grant wins, so a paused or dead node never holds a
+//! renewal for the whole `limits.lease_renew_timeout_ms`. The leader answers only after a
+//! quorum confirmed its leadership after the request arrived (it may first wait to
+//! gather requests into one round), so the lease is measured from when the round was
+//! *sent*, on the proxy's monotonic clock, before any of its requests: it holds until
+//! `sent + lease_ms`, and a slow answer only shortens it.
 //!
 //! A grant whose term is above the lease's raises the scope's fence to that term first,
 //! through [`Fencer::admit`] as an admin advance does (so the barrier waits for the
@@ -55,6 +60,14 @@ pub const RENEW_RETRY_MS_MIN: u64 = 50;
 /// Longest wait between failed renewal rounds: short, so that writes resume soon after
 /// the cluster is reachable again (a write waits only `limits.lease_renew_timeout_ms`).
 pub const RENEW_RETRY_MS_MAX: u64 = 1_000;
+/// How long a timer renewal waits for the node that granted last before asking every
+/// other node too. Above a leader's longest usual answer time (a leader holds a
+/// background renewal for up to its gather interval, at most 300 ms, then needs one
+/// quorum round), so a healthy leader is the only node asked; at most half of
+/// `limits.lease_renew_timeout_ms` (1 s by default), so a paused or dead node delays a
+/// renewal by this much, not by the whole timeout. A renewal a write waits for does not
+/// hedge: it asks every node at once.
+pub const RENEW_HEDGE_MS: u64 = 500;
 /// Fewest milliseconds between two renewals of a valid lease, however short the granted
 /// `lease_ms`: a node answering `lease_ms` of 0 or 1 must not make the proxy spin.
 pub const RENEW_INTERVAL_MS_MIN: u64 = 10;
@@ -437,12 +450,29 @@ pub(crate) struct Renewer {
     pub(crate) name: String,
 }
 
+/// Why a round was started, which decides whom it asks first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// The timer: the lease is renewed ahead of its end, and nobody waits. The node that
+    /// last granted is asked first, the others after [`RENEW_HEDGE_MS`].
+    Timer,
+    /// A request waits for it: every node is asked at once, since a write is held until
+    /// the grant and a follower's refusal costs it nothing; the request is marked
+    /// `urgent`, so the leader does not hold it to gather others.
+    Demand,
+}
+
 impl Renewer {
     /// Renews until `shutdown`: every third of the lease after a grant, at once on demand
-    /// while the lease holds, with backoff after a failed round.
+    /// while the lease holds, with backoff after a failed round. A request that needs a
+    /// renewal while a timer round is under way does not wait for it (that round was sent
+    /// before the request arrived, so it would not do): the timer round is dropped and a
+    /// demand round starts at once. A demand round is never dropped, so requests arriving
+    /// in a stream cannot keep every round from finishing.
     pub(crate) async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let request = LeaseRequest {
             proxy: self.name.clone(),
+            urgent: false,
         };
         let retry = || {
             backoff::delays(
@@ -451,11 +481,27 @@ impl Renewer {
             )
         };
         let mut delays = retry();
-        let mut first = 0;
+        let mut preferred = None;
+        let mut cause = Cause::Timer;
         loop {
+            // A demand stored while nobody listened (during the last round or its
+            // backoff) makes this a demand round: a request is waiting.
+            if cause == Cause::Timer && self.demand_stored().await {
+                cause = Cause::Demand;
+            }
             let sent = Instant::now();
             let round = self.lease.begin_round();
-            let result = self.round(&request, &mut first).await;
+            let asked = self.round(&request, &mut preferred, cause);
+            tokio::pin!(asked);
+            let result = tokio::select! {
+                result = &mut asked => result,
+                () = self.lease.demand.notified(), if cause == Cause::Timer => {
+                    cause = Cause::Demand;
+                    continue;
+                }
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            };
+            cause = Cause::Timer;
             let next = match &result {
                 Ok(grant) => {
                     delays = retry();
@@ -478,7 +524,7 @@ impl Renewer {
                 () = tokio::time::sleep_until(next) => {}
                 // A request needs a newer grant: renew now, unless the last round failed
                 // (then the backoff holds, and the request waits for the next round).
-                () = self.lease.demand.notified(), if granted => {}
+                () = self.lease.demand.notified(), if granted => cause = Cause::Demand,
                 () = async {
                     match lapse {
                         Some(at) if at < next => {
@@ -494,36 +540,196 @@ impl Renewer {
         }
     }
 
-    /// One round: asks each node once, starting with the one that last granted, until
-    /// one grants. The failure names every node's answer.
-    async fn round(&self, request: &LeaseRequest, first: &mut usize) -> Result<LeaseGrant, String> {
-        let count = self.nodes.len();
-        let mut answers = Vec::with_capacity(count);
-        for i in 0..count {
-            let index = (*first + i) % count;
-            let node = &self.nodes[index];
-            match node.lease(request, self.lease.renew_timeout).await {
-                Ok(grant) => {
-                    *first = index;
-                    return Ok(grant);
-                }
-                Err(err) => {
+    /// Whether a demand is stored (taking it).
+    async fn demand_stored(&self) -> bool {
+        tokio::select! {
+            biased;
+            () = self.lease.demand.notified() => true,
+            () = std::future::ready(()) => false,
+        }
+    }
+
+    /// One round: the first grant of any node, asked as [`first_grant`] says, within the
+    /// renewal timeout. `preferred` becomes the node that granted, or `None` after a
+    /// failed round (the next asks every node at once). The failure names every node's
+    /// last answer.
+    async fn round(
+        &self,
+        request: &LeaseRequest,
+        preferred: &mut Option<usize>,
+        cause: Cause,
+    ) -> Result<LeaseGrant, String> {
+        let first = match cause {
+            Cause::Timer => *preferred,
+            Cause::Demand => None,
+        };
+        // A write waits for a demand round: the leader must not hold it to gather others.
+        let request = &LeaseRequest {
+            urgent: cause == Cause::Demand,
+            ..request.clone()
+        };
+        let hedge = Duration::from_millis(RENEW_HEDGE_MS).min(self.lease.renew_timeout / 2);
+        let ask = |index: usize, timeout: Duration| {
+            let node: NodeApi = self.nodes[index].clone();
+            let request = request.clone();
+            async move {
+                node.lease(&request, timeout).await.map_err(|err| {
                     let reason = refusal_reason(&err);
-                    metrics::counter!(m::LEASE_REFUSALS, "reason" => reason).increment(1);
-                    if reason == UNKNOWN_PROXY || reason == LEASES_OFF {
-                        tracing::warn!(event = events::LEASE_REFUSED, node = %node.url(),
-                            proxy = %request.proxy, reason, cause = %err, "the node refuses this proxy a lease");
-                    }
-                    answers.push(format!("{} ({reason}): {err}", node.url()));
-                }
+                    (reason, err.to_string())
+                })
+            }
+        };
+        let outcome = first_grant(
+            self.nodes.len(),
+            first,
+            hedge,
+            self.lease.renew_timeout,
+            ask,
+        )
+        .await;
+        match outcome {
+            Ok((index, grant)) => {
+                *preferred = Some(index);
+                Ok(grant)
+            }
+            Err(answers) => {
+                *preferred = None;
+                let answers: Vec<String> = answers
+                    .iter()
+                    .map(|(index, reason, err)| {
+                        let url = self.nodes[*index].url();
+                        if *reason == UNKNOWN_PROXY || *reason == LEASES_OFF {
+                            tracing::warn!(event = events::LEASE_REFUSED, node = %url,
+                                proxy = %request.proxy, reason, cause = %err,
+                                "the node refuses this proxy a lease");
+                        }
+                        format!("{url} ({reason}): {err}")
+                    })
+                    .collect();
+                Err(format!(
+                    "no node granted a lease to {}: {}",
+                    request.proxy,
+                    answers.join("; ")
+                ))
             }
         }
-        Err(format!(
-            "no node granted a lease to {}: {}",
-            request.proxy,
-            answers.join("; ")
-        ))
     }
+}
+
+/// A node's refusal as a round sees it: the metrics label and the message.
+type Refusal = (&'static str, String);
+
+/// The first grant of `count` nodes within `timeout`, and which node gave it; or every
+/// node's last refusal (a node that never answered is named as not answering in time).
+///
+/// With `preferred`, that node is asked first and the others all at once when it refuses
+/// or after `hedge`, whichever comes first; without, every node is asked at once. So a
+/// paused or dead node costs at most `hedge`, never the whole timeout. A node that
+/// refuses in a way asking again may change (not the leader yet, busy, unreachable) is
+/// asked again after a backoff from [`RENEW_RETRY_MS_MIN`] to [`RENEW_RETRY_MS_MAX`]
+/// while the time lasts, so a round under way during an election is granted soon after
+/// the new leader is there. The first grant wins; the requests still out are dropped, and
+/// a later answer to them is never seen. Each request is bounded by what is left of
+/// `timeout`, so the round is too.
+async fn first_grant<A, F>(
+    count: usize,
+    preferred: Option<usize>,
+    hedge: Duration,
+    timeout: Duration,
+    ask: A,
+) -> Result<(usize, LeaseGrant), Vec<(usize, &'static str, String)>>
+where
+    A: Fn(usize, Duration) -> F,
+    F: Future<Output = Result<LeaseGrant, Refusal>> + Send + 'static,
+{
+    let deadline = Instant::now() + timeout;
+    let mut asks = tokio::task::JoinSet::new();
+    let mut last: Vec<Option<Refusal>> = vec![None; count];
+    let mut backoffs: Vec<_> = (0..count)
+        .map(|_| {
+            backoff::delays(
+                Duration::from_millis(RENEW_RETRY_MS_MIN),
+                Duration::from_millis(RENEW_RETRY_MS_MAX),
+            )
+        })
+        .collect();
+    // Spawns a request to node `index` after `delay`, bounded by the round's deadline.
+    let spawn = |asks: &mut tokio::task::JoinSet<_>, index: usize, delay: Duration| {
+        let start = Instant::now() + delay;
+        let request = ask(index, deadline.saturating_duration_since(start));
+        asks.spawn(async move {
+            tokio::time::sleep_until(start).await;
+            (index, request.await)
+        });
+    };
+    let mut hedge_at = match preferred {
+        Some(index) if index < count => {
+            spawn(&mut asks, index, Duration::ZERO);
+            Some((index, Instant::now() + hedge))
+        }
+        _ => {
+            for index in 0..count {
+                spawn(&mut asks, index, Duration::ZERO);
+            }
+            None
+        }
+    };
+    while !(asks.is_empty() && hedge_at.is_none()) {
+        let hedged = async {
+            match hedge_at {
+                Some((_, at)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Some(joined) = asks.join_next() => {
+                let Ok((index, answer)) = joined else {
+                    continue;
+                };
+                match answer {
+                    Ok(grant) => return Ok((index, grant)),
+                    Err((reason, err)) => {
+                        metrics::counter!(m::LEASE_REFUSALS, "reason" => reason).increment(1);
+                        let again = reason != UNKNOWN_PROXY && reason != LEASES_OFF;
+                        last[index] = Some((reason, err));
+                        if let Some((first, _)) = hedge_at.take() {
+                            (0..count)
+                                .filter(|&i| i != first)
+                                .for_each(|i| spawn(&mut asks, i, Duration::ZERO));
+                        }
+                        let delay = backoffs[index]
+                            .next()
+                            .unwrap_or(Duration::from_millis(RENEW_RETRY_MS_MAX));
+                        if again && Instant::now() + delay < deadline {
+                            spawn(&mut asks, index, delay);
+                        }
+                    }
+                }
+            }
+            () = hedged => {
+                if let Some((first, _)) = hedge_at.take() {
+                    (0..count)
+                        .filter(|&i| i != first)
+                        .for_each(|i| spawn(&mut asks, i, Duration::ZERO));
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    let waited_ms = timeout.as_millis();
+    Err(last
+        .into_iter()
+        .enumerate()
+        .map(|(index, refusal)| {
+            let (reason, err) = refusal.unwrap_or_else(|| {
+                (
+                    "unreachable",
+                    format!("no answer within {waited_ms} ms (limits.lease_renew_timeout_ms)"),
+                )
+            });
+            (index, reason, err)
+        })
+        .collect())
 }
 
 /// The metrics label of a node's refusal.
@@ -808,5 +1014,185 @@ mod tests {
         assert!(!check_overrun(deadline, "s", 3));
         tokio::time::advance(Duration::from_millis(200)).await;
         assert!(check_overrun(deadline, "s", 3));
+    }
+
+    /// A fake cluster for [`first_grant`]: what each node answers at a given moment
+    /// after the round started, and how often each was asked.
+    struct FakeNodes {
+        start: Instant,
+        asked: Arc<Vec<AtomicUsize>>,
+    }
+
+    /// What a fake node does when asked.
+    #[derive(Clone, Copy)]
+    enum Behaviour {
+        /// Never answers (a paused or dead node).
+        Paused,
+        /// Refuses with this kind until the given moment after the start, then grants
+        /// `term` after 5 ms (a leader's round).
+        LeaderFrom(&'static str, Duration, u64),
+    }
+
+    impl FakeNodes {
+        fn new(count: usize) -> Self {
+            Self {
+                start: Instant::now(),
+                asked: Arc::new((0..count).map(|_| AtomicUsize::new(0)).collect()),
+            }
+        }
+
+        fn asked(&self, index: usize) -> usize {
+            self.asked[index].load(Ordering::SeqCst)
+        }
+
+        /// The `ask` of [`first_grant`] over `nodes`.
+        fn ask(
+            &self,
+            nodes: Vec<Behaviour>,
+        ) -> impl Fn(
+            usize,
+            Duration,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = Result<LeaseGrant, Refusal>> + Send + 'static>,
+        > {
+            let (start, asked) = (self.start, Arc::clone(&self.asked));
+            move |index, timeout| {
+                let behaviour = nodes[index];
+                let asked = Arc::clone(&asked);
+                Box::pin(async move {
+                    asked[index].fetch_add(1, Ordering::SeqCst);
+                    let answer = async {
+                        match behaviour {
+                            Behaviour::Paused => std::future::pending().await,
+                            Behaviour::LeaderFrom(kind, from, term) => {
+                                if start.elapsed() < from {
+                                    Err((kind, format!("node {index}: {kind}")))
+                                } else {
+                                    tokio::time::sleep(Duration::from_millis(5)).await;
+                                    Ok(grant(term, 3_000).unwrap())
+                                }
+                            }
+                        }
+                    };
+                    tokio::time::timeout(timeout, answer)
+                        .await
+                        .unwrap_or_else(|_| Err(("unreachable", "timed out".to_owned())))
+                })
+            }
+        }
+    }
+
+    const HEDGE: Duration = Duration::from_millis(RENEW_HEDGE_MS);
+    const TIMEOUT: Duration = Duration::from_millis(1_000);
+    const NEVER: Duration = Duration::from_secs(3_600);
+    const NOW: Duration = Duration::ZERO;
+
+    /// Goal: a paused node asked first costs a timer renewal the hedge delay, not the
+    /// renewal timeout; a renewal a request waits for asks every node at once, so the
+    /// paused node costs it nothing; a node asked first that refuses at once makes the
+    /// others be asked at once.
+    /// Method: paused time; node 0 never answers, node 1 leads (grants 5 ms after being
+    /// asked), node 2 answers not-leader; the moment of the grant is exact.
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_node_costs_the_hedge_or_nothing() {
+        use Behaviour::{LeaderFrom, Paused};
+        let cluster = vec![
+            Paused,
+            LeaderFrom(NOT_LEADER, NOW, 4),
+            LeaderFrom(NOT_LEADER, NEVER, 0),
+        ];
+        let nodes = FakeNodes::new(3);
+        let got = first_grant(3, Some(0), HEDGE, TIMEOUT, nodes.ask(cluster.clone())).await;
+        assert_eq!(got.unwrap().0, 1);
+        assert_eq!(nodes.start.elapsed(), HEDGE + Duration::from_millis(5));
+        assert_eq!((nodes.asked(0), nodes.asked(1)), (1, 1));
+
+        let nodes = FakeNodes::new(3);
+        let got = first_grant(3, None, HEDGE, TIMEOUT, nodes.ask(cluster.clone())).await;
+        assert_eq!(got.unwrap(), (1, grant(4, 3_000).unwrap()));
+        assert_eq!(nodes.start.elapsed(), Duration::from_millis(5));
+
+        let nodes = FakeNodes::new(3);
+        let got = first_grant(3, Some(2), HEDGE, TIMEOUT, nodes.ask(cluster)).await;
+        assert_eq!(got.unwrap().0, 1);
+        assert_eq!(
+            nodes.start.elapsed(),
+            Duration::from_millis(5),
+            "a refusal of the node asked first hedges at once"
+        );
+    }
+
+    /// Goal: a round under way during an election is granted by the new leader within
+    /// the round, not after it failed: nodes that answer not-leader are asked again
+    /// with backoff, a few times, while the old leader never answers.
+    /// Method: paused time; node 0 never answers, node 1 leads from 400 ms, node 2
+    /// never leads; every node is asked at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_round_during_an_election_is_granted_by_the_new_leader() {
+        use Behaviour::{LeaderFrom, Paused};
+        let nodes = FakeNodes::new(3);
+        let cluster = vec![
+            Paused,
+            LeaderFrom(NOT_LEADER, Duration::from_millis(400), 5),
+            LeaderFrom(NOT_LEADER, NEVER, 0),
+        ];
+        let got = first_grant(3, None, HEDGE, TIMEOUT, nodes.ask(cluster)).await;
+        assert_eq!(got.unwrap(), (1, grant(5, 3_000).unwrap()));
+        let waited = nodes.start.elapsed();
+        assert!(
+            waited > Duration::from_millis(400) && waited < TIMEOUT,
+            "{waited:?}"
+        );
+        assert_eq!(
+            nodes.asked(0),
+            1,
+            "a node that has not answered is not asked again"
+        );
+        assert!(
+            (2..=8).contains(&nodes.asked(2)),
+            "refusing nodes are asked again with backoff: {}",
+            nodes.asked(2)
+        );
+    }
+
+    /// Goal: a round in which no node grants fails at the renewal timeout at the latest,
+    /// naming each node's last answer; refusals no retry can change (unknown-proxy,
+    /// leases-off) are not asked again, and end the round at once when every node gave
+    /// one.
+    /// Method: paused time; one cluster with a paused node, one refusing this proxy.
+    #[tokio::test(start_paused = true)]
+    async fn a_round_without_a_grant_fails_naming_every_node() {
+        use Behaviour::{LeaderFrom, Paused};
+        let nodes = FakeNodes::new(2);
+        let cluster = vec![Paused, LeaderFrom(NOT_LEADER, NEVER, 0)];
+        let answers = first_grant(2, Some(0), HEDGE, TIMEOUT, nodes.ask(cluster))
+            .await
+            .unwrap_err();
+        assert_eq!(nodes.start.elapsed(), TIMEOUT);
+        assert_eq!(answers.len(), 2);
+        assert_eq!(answers[0].1, "unreachable");
+        assert!(
+            answers[0].2.contains("lease_renew_timeout_ms"),
+            "{}",
+            answers[0].2
+        );
+        assert_eq!(answers[1].1, NOT_LEADER);
+
+        let nodes = FakeNodes::new(3);
+        let cluster = vec![LeaderFrom(UNKNOWN_PROXY, NEVER, 0); 3];
+        let answers = first_grant(3, None, HEDGE, TIMEOUT, nodes.ask(cluster))
+            .await
+            .unwrap_err();
+        assert_eq!(nodes.start.elapsed(), Duration::ZERO);
+        assert!(
+            answers
+                .iter()
+                .all(|(_, reason, _)| *reason == UNKNOWN_PROXY)
+        );
+        assert_eq!(
+            (nodes.asked(0), nodes.asked(1), nodes.asked(2)),
+            (1, 1, 1),
+            "asked once each"
+        );
     }
 }

@@ -17,7 +17,7 @@
 //! - `transfer`: starting leadership transfers and answering them once decided.
 //! - `publish`: turning raft's state into the published [`Leadership`], signing each new
 //!   token's proof.
-//! - `lease`: lease requests batched into `ReadIndex` rounds, answered once a quorum
+//! - `lease`: lease requests gathered into `ReadIndex` rounds, answered once a quorum
 //!   confirms this node's leadership.
 //! - `guard`: the last check of every peer message before `step` (defence in depth).
 //! - `signer`: loading `--token-key` and `--announce-token-file`, and signing proofs.
@@ -62,9 +62,9 @@ pub use error::{LeaseError, NodeError, StartError, TransferError};
 pub use guard::TERM_ACCEPTED_MAX;
 pub(crate) use handle::Commands;
 pub use handle::NodeHandle;
-pub use membership::StartOptions;
-pub use lease::LEASE_ROUND_TIMEOUT_MS;
 pub(crate) use lease::LeaseReply;
+pub use lease::{LEASE_GATHER_LEASE_DIVISOR, LEASE_GATHER_MS_MAX, LEASE_ROUND_TIMEOUT_MS};
+pub use membership::StartOptions;
 pub use palisade_protocol::Transferred;
 use ready::ElectionLoop;
 pub use signer::KEY_FILE_BYTES_MAX;
@@ -373,7 +373,7 @@ async fn start(
         },
         drop_log: guard::DropLog::default(),
         signer,
-        leases: lease::LeaseRounds::default(),
+        leases: lease::LeaseRounds::new(lease::lease_gather_interval(&config)),
         release_wait: config.lease_release_wait(),
         scores,
         established_at: None,
