@@ -36,8 +36,8 @@
 //! - `node`: [`Node::start`], [`NodeHandle`], the errors, and the election loop that owns
 //!   the `RawNode` and handles each `Ready` in the order raft-rs documents.
 //! - `transport`: the peer protocol (length-prefixed prost frames carrying protobuf raft
-//!   messages), inbound checks, the TCP transport, its test faults (drop or delay per peer,
-//!   off unless enabled), and the in-memory test network.
+//!   messages, and score frames), inbound checks, the TCP transport, its test faults (drop
+//!   or delay per peer, off unless enabled), and the in-memory test network.
 //! - `tls`: mutual TLS of the peer links and the API (`--cert`, `--key`, `--ca`): the
 //!   certificate names `node-<id>`, checked at start, by dialers and by acceptors.
 //! - `announce`: fencing the configured proxies when this node becomes established, with

@@ -5,6 +5,10 @@
 //! destinations to raft with `report_unreachable`. Raft resends what matters. Incoming
 //! messages reach the loop through its inbox ([`PeerInbox`]) after `check_inbound`.
 //!
+//! Nodes started with a score oracle (`crate::score`) also send [`ScoreFrame`]s over the
+//! same links, in the same [`PeerFrame`] envelope (its `score` field instead of a raft
+//! payload), checked by `check_score` before they reach the inbox.
+//!
 //! Two transports exist: `tcp`, the real one, and [`mem`], an in-process network with
 //! per-link drops and partitions for deterministic tests. The TCP transport can also drop
 //! or delay traffic per peer at runtime ([`faults`]) for end-to-end tests of real

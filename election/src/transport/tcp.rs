@@ -2,7 +2,8 @@
 //!
 //! Every connection carries prost frames in one direction, each behind a u32 big-endian
 //! length ([`LengthDelimitedCodec`], at most [`FRAME_BYTES_MAX`] bytes): first a [`Hello`]
-//! naming caller and callee, then [`PeerFrame`]s. A node dials each peer
+//! naming caller and callee, then [`PeerFrame`]s (raft messages, or score frames of
+//! `crate::score`). A node dials each peer
 //! once (one writer task per peer, with a bounded queue, reconnecting with capped
 //! exponential backoff) and accepts the peers' connections on its own peer address (one
 //! reader task per connection). While a peer is not connected, messages to it are dropped
