@@ -58,9 +58,21 @@ impl AuditLog {
     /// the file cannot be opened, so a bad path stops the process at start rather than
     /// losing the trail silently.
     pub fn open(config: &AuditConfig) -> std::io::Result<Self> {
+        let (log, writer, rx) = Self::unstarted(config, AUDIT_QUEUE_MAX)?;
+        std::thread::Builder::new()
+            .name("audit-log".to_owned())
+            .spawn(move || writer.run(rx))?;
+        Ok(log)
+    }
+
+    /// The log, its writer and the writer's queue of `capacity`, before the writer runs.
+    fn unstarted(
+        config: &AuditConfig,
+        capacity: usize,
+    ) -> std::io::Result<(Self, Writer, mpsc::Receiver<AuditRecord>)> {
         let file = open_append(&config.path)?;
         let size = file.metadata()?.len();
-        let (tx, rx) = mpsc::channel(AUDIT_QUEUE_MAX);
+        let (tx, rx) = mpsc::channel(capacity);
         let counters = Arc::new(Counters::default());
         let writer = Writer {
             config: config.clone(),
@@ -69,14 +81,12 @@ impl AuditLog {
             counters: Arc::clone(&counters),
             dropped_seen: 0,
         };
-        std::thread::Builder::new()
-            .name("audit-log".to_owned())
-            .spawn(move || writer.run(rx))?;
-        Ok(Self {
+        let log = Self {
             tx,
             counters,
             path: config.path.clone(),
-        })
+        };
+        Ok((log, writer, rx))
     }
 
     /// Queues `record` for writing, or counts it as dropped when the queue is full.
@@ -316,5 +326,42 @@ mod tests {
         }
         assert!(rotated_path(&path, 1).exists());
         assert!(!rotated_path(&path, 2).exists());
+    }
+
+    /// Goal: recording never blocks: with the writer's queue full a record is counted as
+    /// dropped, and the file then says so with a `dropped` record (and its count) before
+    /// the next record written. Method: a queue of 2 whose writer has not started; record
+    /// 5; start the writer; read the file.
+    #[test]
+    fn a_full_queue_drops_counts_and_says_so_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let config = AuditConfig {
+            path: path.clone(),
+            bytes_max: 1 << 20,
+            keep: 1,
+        };
+        let (log, writer, rx) = AuditLog::unstarted(&config, 2).unwrap();
+        for i in 0..5u64 {
+            let mut r = AuditRecord::new(event::REJECTION, UNIX_EPOCH);
+            r.presented = Some(i);
+            log.record(r);
+        }
+        assert_eq!((log.queued(), log.dropped()), (2, 3));
+        drop(log);
+        writer.run(rx);
+        let records = lines(&path);
+        let summary: Vec<(&str, Option<u64>, Option<u64>)> = records
+            .iter()
+            .map(|r| (r.event.as_str(), r.presented, r.dropped))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (event::DROPPED, None, Some(3)),
+                (event::REJECTION, Some(0), None),
+                (event::REJECTION, Some(1), None),
+            ]
+        );
     }
 }
