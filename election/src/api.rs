@@ -40,14 +40,15 @@ use http::{StatusCode, header};
 use palisade_protocol::admin::{HEALTHZ_PATH, METRICS_PATH};
 use palisade_protocol::headers::PROMETHEUS_TEXT;
 use palisade_protocol::node::{
-    LEADER_PATH, MEMBER_PATH, MEMBERS_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH,
+    ANNOUNCE_PATH, LEADER_PATH, MEMBER_PATH, MEMBERS_PATH, RESIGN_PATH, TEST_FAULTS_PATH,
+    TRANSFER_PATH,
 };
 use palisade_protocol::server::{ApiJson, ApiQuery, ControlLimits, finish};
 use palisade_protocol::status::STATUS_PAGE_PATH;
+use palisade_protocol::{AnnounceList, MemberAdd, MemberList};
 use palisade_protocol::{
     FaultSpec, Health, LeaderView, LongPoll, Problem, Scope, TransferRequest, Transferred,
 };
-use palisade_protocol::{MemberAdd, MemberList};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -100,6 +101,8 @@ pub(crate) struct ApiState {
     pub scores: Option<crate::score::SharedScoreView>,
     /// The members the election loop applied.
     pub members: watch::Receiver<MemberList>,
+    /// The announce list the announcers follow.
+    pub announce: watch::Receiver<Vec<String>>,
     /// The announce board and the audit log (the status page shows both).
     pub observer: Arc<crate::audit::Observer>,
     /// Cancelled at shutdown: ends long polls, then the listener.
@@ -182,6 +185,7 @@ pub(crate) fn app(state: ApiState) -> Router {
             post(crate::lease::lease),
         )
         .route(MEMBERS_PATH, get(members_list).post(member_add))
+        .route(ANNOUNCE_PATH, get(announce_list).post(announce_set))
         .route(MEMBER_PATH, delete(member_remove))
         .route(METRICS_PATH, get(metrics))
         .route(HEALTHZ_PATH, get(health))
@@ -338,6 +342,25 @@ async fn member_remove(
         .map_err(|err| state.problem(member_problem(&err)))
 }
 
+/// `GET /v1/announce`.
+async fn announce_list(State(state): State<Shared>) -> ApiJson<AnnounceList> {
+    ApiJson(AnnounceList {
+        proxies: state.announce.borrow().clone(),
+    })
+}
+
+/// `POST /v1/announce`: replaces the cluster's announce list through raft.
+async fn announce_set(
+    State(state): State<Shared>,
+    body: Result<ApiJson<AnnounceList>, Problem>,
+) -> Result<ApiJson<AnnounceList>, Problem> {
+    let ApiJson(list) = body.map_err(|p| state.problem(p))?;
+    crate::members::announce_and_wait(&state.commands, &state.announce, list.proxies)
+        .await
+        .map(|proxies| ApiJson(AnnounceList { proxies }))
+        .map_err(|err| state.problem(member_problem(&err)))
+}
+
 /// The problem that answers a refused or failed membership change.
 fn member_problem(err: &crate::MemberError) -> Problem {
     use crate::MemberError as E;
@@ -377,6 +400,11 @@ fn member_problem(err: &crate::MemberError) -> Problem {
             StatusCode::GATEWAY_TIMEOUT,
             "member-change-timeout",
             "The change was not applied in time",
+        ),
+        E::AnnounceFixed => (
+            StatusCode::CONFLICT,
+            "announce-fixed",
+            "The announce list is fixed with fleet leases",
         ),
         E::Stopped => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -559,6 +587,7 @@ mod tests {
                     .then(|| Arc::new(LinkFaults::new(true, 1, [1, 2, 3]))),
                 scores: None,
                 members: watch::channel(MemberList::default()).1,
+                announce: watch::channel(Vec::new()).1,
                 observer: Arc::new(crate::audit::Observer::new(
                     1,
                     &["http://127.0.0.1:1/<proxy>".to_owned()],

@@ -16,6 +16,12 @@
 //!
 //! Ids are never reused: a removed id stays in the table, marked removed, and adding it
 //! again is refused.
+//!
+//! The `--announce` proxy list can be replaced the same way (`POST /v1/announce`): a
+//! normal entry whose data starts with [`ANNOUNCE_ENTRY_PREFIX`], applied on every node
+//! into the members table (so snapshots carry it too). Only on nodes without fleet leases:
+//! their release rule ("every proxy accepted the term") would otherwise change under a
+//! lease already granted, so with `--lease-ms` the list stays the one of the flags.
 
 use std::collections::BTreeMap;
 
@@ -44,6 +50,8 @@ pub(crate) enum MemberChange {
     Add { id: u64, peer: String },
     /// Remove a member.
     Remove { id: u64 },
+    /// Replace the `--announce` proxy list.
+    Announce { proxies: Vec<String> },
 }
 
 impl MemberChange {
@@ -52,6 +60,7 @@ impl MemberChange {
         match self {
             MemberChange::Add { id, .. } => list.members.iter().any(|m| m.id == *id),
             MemberChange::Remove { id } => list.removed.contains(id),
+            MemberChange::Announce { .. } => false,
         }
     }
 }
@@ -143,6 +152,100 @@ pub enum MemberError {
     /// The node stopped.
     #[error("the node stopped")]
     Stopped,
+    /// This node runs fleet leases, whose release rule depends on the proxy list.
+    #[error(
+        "this node runs fleet leases (--lease-ms): the lease release rule depends on the \
+         --announce list, so it can only change by restarting the nodes with new flags"
+    )]
+    AnnounceFixed,
+}
+
+/// The start of a normal entry's data that replaces the `--announce` list; the URLs
+/// follow, one per line.
+pub(crate) const ANNOUNCE_ENTRY_PREFIX: &[u8] = b"palisade-announce 1\n";
+
+/// The entry data that replaces the announce list with `proxies`.
+pub(crate) fn announce_entry(proxies: &[String]) -> Vec<u8> {
+    let mut data = ANNOUNCE_ENTRY_PREFIX.to_vec();
+    for url in proxies {
+        data.extend_from_slice(url.as_bytes());
+        data.push(b'\n');
+    }
+    data
+}
+
+/// The proxies an entry's data names, `None` when it is not an announce entry.
+pub(crate) fn parse_announce_entry(data: &[u8]) -> Option<Result<Vec<String>, MemberError>> {
+    let rest = data.strip_prefix(ANNOUNCE_ENTRY_PREFIX)?;
+    let parsed = std::str::from_utf8(rest)
+        .map_err(|e| MemberError::Invalid {
+            detail: format!("announce entry is not UTF-8: {e}"),
+        })
+        .map(|text| text.lines().map(str::to_owned).collect::<Vec<_>>())
+        .and_then(|urls| check_announce(&urls).map(|()| urls));
+    Some(parsed)
+}
+
+/// An announce list must hold at most [`crate::ANNOUNCE_URLS_MAX`] distinct http(s) base
+/// URLs, as `--announce` must.
+pub(crate) fn check_announce(proxies: &[String]) -> Result<(), MemberError> {
+    if proxies.len() > crate::config::ANNOUNCE_URLS_MAX {
+        return Err(MemberError::Invalid {
+            detail: format!(
+                "names {} proxies, the limit is {}",
+                proxies.len(),
+                crate::config::ANNOUNCE_URLS_MAX
+            ),
+        });
+    }
+    for (i, url) in proxies.iter().enumerate() {
+        let bad = |why: &str| MemberError::Invalid {
+            detail: format!("announce URL {url:?} {why}"),
+        };
+        if url.is_empty()
+            || url.len() > palisade_storage::ANNOUNCE_URL_BYTES_MAX
+            || url.contains(char::is_whitespace)
+        {
+            return Err(bad("is empty, too long or has white space"));
+        }
+        let uri: http::Uri = url.parse().map_err(|_| bad("is not a URL"))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+            return Err(bad("must be an http:// or https:// URL with a host"));
+        }
+        if uri.query().is_some() {
+            return Err(bad("must be a base URL without a query"));
+        }
+        if proxies[..i].contains(url) {
+            return Err(bad("is named twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the announce list through the loop and waits (at most
+/// [`MEMBER_CHANGE_TIMEOUT_MS`]) until this node applied it.
+pub(crate) async fn announce_and_wait(
+    commands: &crate::node::Commands,
+    announce: &tokio::sync::watch::Receiver<Vec<String>>,
+    proxies: Vec<String>,
+) -> Result<Vec<String>, MemberError> {
+    let mut rx = announce.clone();
+    let want = proxies.clone();
+    commands
+        .member_change(MemberChange::Announce { proxies })
+        .await?;
+    let waited = tokio::time::timeout(
+        std::time::Duration::from_millis(MEMBER_CHANGE_TIMEOUT_MS),
+        rx.wait_for(|l| *l == want),
+    )
+    .await;
+    match waited {
+        Ok(Ok(list)) => Ok(list.clone()),
+        Ok(Err(_)) => Err(MemberError::Stopped),
+        Err(_) => Err(MemberError::TimedOut {
+            waited_ms: MEMBER_CHANGE_TIMEOUT_MS,
+        }),
+    }
 }
 
 /// Checks a requested change against this node's table and conf state; `leader_id` is the
@@ -202,6 +305,7 @@ fn check_rules(table: &MembersTable, change: &MemberChange) -> Result<(), Member
             }
             Ok(())
         }
+        MemberChange::Announce { proxies } => check_announce(proxies),
         MemberChange::Remove { id } => {
             if table.is_removed(*id) {
                 return Err(MemberError::NotAMember { id: *id });
@@ -222,10 +326,12 @@ pub(crate) fn is_joint(cs: &ConfState) -> bool {
     !cs.voters_outgoing.is_empty()
 }
 
-/// The conf change and its context for `change`.
-pub(crate) fn conf_change(change: &MemberChange) -> (ConfChangeV2, Vec<u8>) {
+/// The conf change and its context for `change` (`None` for an announce list, which is
+/// a normal entry).
+pub(crate) fn conf_change(change: &MemberChange) -> Option<(ConfChangeV2, Vec<u8>)> {
     let mut single = ConfChangeSingle::default();
     let context = match change {
+        MemberChange::Announce { .. } => return None,
         MemberChange::Add { id, peer } => {
             single.set_change_type(ConfChangeType::AddNode);
             single.node_id = *id;
@@ -245,7 +351,7 @@ pub(crate) fn conf_change(change: &MemberChange) -> (ConfChangeV2, Vec<u8>) {
     // Implicit: enter the joint configuration and let raft's leader leave it on its own.
     cc.set_transition(ConfChangeTransition::Implicit);
     cc.set_changes(vec![single].into());
-    (cc, context)
+    Some((cc, context))
 }
 
 /// The table after applying the conf change of entry `index` (with its `context`), or why
@@ -294,6 +400,7 @@ pub(crate) fn apply_to_table(
                     r.removed = true;
                 }
             }
+            MemberChange::Announce { .. } => {}
         }
     }
     next.index = index;
@@ -380,6 +487,7 @@ pub(crate) fn table_from_list(list: &MemberList) -> MembersTable {
     let mut table = MembersTable {
         index: list.index,
         records: BTreeMap::new(),
+        announce: None,
     };
     for m in &list.members {
         table.records.insert(
@@ -420,7 +528,7 @@ mod tests {
     }
 
     fn apply(t: &MembersTable, change: &MemberChange, index: u64) -> MembersTable {
-        let (cc, ctx) = conf_change(change);
+        let (cc, ctx) = conf_change(change).unwrap();
         apply_to_table(t, &cc, &ctx, index).unwrap()
     }
 
@@ -452,7 +560,7 @@ mod tests {
             check(&t, &cs(&[1, 2, 3]), Some(1), &again),
             Err(MemberError::Reused { id: 4 })
         );
-        let (cc, ctx) = conf_change(&again);
+        let (cc, ctx) = conf_change(&again).unwrap();
         assert_eq!(
             apply_to_table(&t, &cc, &ctx, 14),
             Err(MemberError::Reused { id: 4 })
@@ -508,7 +616,7 @@ mod tests {
     /// map with 3 still outgoing, then without.
     #[test]
     fn removed_member_stays_reachable_while_outgoing() {
-        let (cc, _) = conf_change(&MemberChange::Remove { id: 3 });
+        let (cc, _) = conf_change(&MemberChange::Remove { id: 3 }).unwrap();
         assert_eq!(cc.get_transition(), ConfChangeTransition::Implicit);
         let t = apply(&table(), &MemberChange::Remove { id: 3 }, 5);
         let joint = ConfState {

@@ -56,8 +56,8 @@ pub use admin::{
 pub use audit::AuditRecord;
 pub use lease::{LeaseGrant, LeaseRequest, LeaseView};
 pub use node::{
-    FaultSpec, Health, LeaderView, LongPoll, Member, MemberAdd, MemberList, Role, TransferRequest,
-    Transferred,
+    AnnounceList, FaultSpec, Health, LeaderView, LongPoll, Member, MemberAdd, MemberList, Role,
+    TransferRequest, Transferred,
 };
 pub use problem::Problem;
 pub use scope::{DEFAULT_SCOPE, SCOPE_BYTES_MAX, Scope, ScopeError};

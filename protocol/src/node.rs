@@ -6,6 +6,8 @@
 //! - `GET /metrics`, `GET /healthz` -> [`Health`].
 //! - `GET|POST /v1/test/faults` with [`FaultSpec`]: only on nodes started with
 //!   [`crate::process::TEST_FAULTS_ENV`]` = 1`.
+//! - `GET /v1/announce` -> [`AnnounceList`]; `POST /v1/announce` with one replaces the
+//!   cluster's `--announce` proxy list through raft.
 //! - `GET /v1/members` -> [`MemberList`]; `POST /v1/members` with [`MemberAdd`] and
 //!   `DELETE /v1/members/{id}` -> [`MemberList`] once the change is applied on that node.
 
@@ -26,6 +28,8 @@ pub const RESIGN_PATH: &str = "/v1/resign";
 pub const TEST_FAULTS_PATH: &str = "/v1/test/faults";
 /// The cluster's members: list (`GET`) and add (`POST`).
 pub const MEMBERS_PATH: &str = "/v1/members";
+/// The cluster's `--announce` proxy list: read (`GET`) and replace (`POST`).
+pub const ANNOUNCE_PATH: &str = "/v1/announce";
 /// One member, by id: remove (`DELETE /v1/members/{id}`).
 pub const MEMBER_PATH: &str = "/v1/members/{id}";
 
@@ -220,6 +224,15 @@ pub struct MemberList {
     /// voters must both agree) until its leader leaves it. Absent when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub joint: bool,
+}
+
+/// `GET /v1/announce`, and the body of `POST /v1/announce`: the admin base URLs of the
+/// proxies the leader fences on election.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnnounceList {
+    /// Admin base URLs (`http://HOST:PORT`).
+    pub proxies: Vec<String>,
 }
 
 /// `POST /v1/members`: add a member.

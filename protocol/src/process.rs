@@ -61,6 +61,9 @@ pub mod events {
     pub const STORAGE_LOST: &str = "storage-lost";
     /// A node installed a snapshot from the leader (field `index`).
     pub const SNAPSHOT_APPLIED: &str = "snapshot-applied";
+    /// A node applied a new `--announce` proxy list agreed through raft (fields `index`,
+    /// `proxies`).
+    pub const ANNOUNCE_CHANGED: &str = "announce-changed";
 }
 
 /// `palisade proxy listening on ADDR (admin ADDR)`.

@@ -14,7 +14,12 @@
 //! index 42
 //! member 1 127.0.0.1:7001
 //! removed 4 127.0.0.1:7004
+//! announce-set
+//! announce http://127.0.0.1:9001
 //! ```
+//!
+//! `announce-set` and the `announce` lines appear once the cluster replaced its
+//! `--announce` proxy list (`POST /v1/announce`); without them each node uses its flags.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +28,9 @@ const HEADER: &str = "palisade-members 1";
 
 /// Longest accepted peer address, in bytes: `HOST:PORT` with a DNS name fits easily.
 pub const MEMBER_PEER_BYTES_MAX: usize = 300;
+
+/// Longest accepted announce URL, in bytes.
+pub const ANNOUNCE_URL_BYTES_MAX: usize = 2_048;
 
 /// Most entries (members and removed ids together) a decoded table may hold: far above
 /// any real cluster's history, low enough that a hostile snapshot cannot make a node
@@ -47,6 +55,9 @@ pub struct MembersTable {
     pub index: u64,
     /// Members and removed ids, by id.
     pub records: BTreeMap<u64, MemberRecord>,
+    /// The `--announce` proxy list the cluster agreed on, once replaced at run time;
+    /// `None`: every node uses its own flags.
+    pub announce: Option<Vec<String>>,
 }
 
 /// Why a members table does not decode.
@@ -89,6 +100,7 @@ impl MembersTable {
                     )
                 })
                 .collect(),
+            announce: None,
         }
     }
 
@@ -131,6 +143,10 @@ impl MembersTable {
         for (id, r) in &self.records {
             let kind = if r.removed { "removed" } else { "member" };
             lines.push(format!("{kind} {id} {}", r.peer));
+        }
+        if let Some(urls) = &self.announce {
+            lines.push("announce-set".to_owned());
+            lines.extend(urls.iter().map(|u| format!("announce {u}")));
         }
         let mut out = lines.join("\n");
         out.push('\n');
@@ -186,6 +202,22 @@ impl MembersTable {
                         },
                     );
                 }
+                (Some("announce-set"), None, None, None) => {
+                    table.announce.get_or_insert_with(Vec::new);
+                }
+                (Some("announce"), Some(url), None, None) => {
+                    if url.is_empty() || url.len() > ANNOUNCE_URL_BYTES_MAX {
+                        return Err(bad(format!(
+                            "announce URL of {} bytes, expected 1 to {ANNOUNCE_URL_BYTES_MAX}",
+                            url.len()
+                        )));
+                    }
+                    let urls = table.announce.get_or_insert_with(Vec::new);
+                    if urls.len() >= MEMBERS_TABLE_ENTRIES_MAX {
+                        return Err(MembersError::TooLarge);
+                    }
+                    urls.push(url.to_owned());
+                }
                 _ => return Err(bad(format!("unexpected line {line:?}"))),
             }
         }
@@ -215,6 +247,12 @@ mod tests {
         );
         let back = MembersTable::decode(&t.encode()).unwrap();
         assert_eq!(back, t);
+        // An agreed announce list round-trips too, the empty one included.
+        for urls in [vec![], vec!["http://127.0.0.1:9001".to_owned()]] {
+            let mut with = t.clone();
+            with.announce = Some(urls);
+            assert_eq!(MembersTable::decode(&with.encode()).unwrap(), with);
+        }
         assert_eq!(back.members().len(), 2);
         assert_eq!(back.removed(), vec![4]);
         assert!(back.is_member(1) && !back.is_member(4) && back.is_removed(4));

@@ -1,13 +1,16 @@
 //! Membership changes on real `palisade node` processes while workers write through the
 //! proxy, every history checked: growing 3 -> 5 -> 3, replacing a node whose data
 //! directory was wiped, adding a member after the log was compacted (it catches up from a
-//! snapshot), and refusing a reused id.
+//! snapshot), refusing a reused id, and changing the `--announce` proxy list.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use palisade_client::{MemberList, NodeApi};
+use palisade_cluster::ProxyProcess;
 use palisade_cluster::{NodeProcess, NodeSpec, free_port};
+use palisade_protocol::AnnounceList;
+use palisade_protocol::node::ANNOUNCE_PATH;
 use palisade_protocol::process::{TEST_LOG_RETAINED_ENV, events};
 use palisade_tests::scenario::{Scenario, ScenarioSpec};
 
@@ -325,5 +328,98 @@ async fn reused_id_is_refused() {
     assert_eq!(list.members.len(), 3);
     s.run_for(Duration::from_millis(300)).await;
     let report = s.finish("reused id");
+    assert!(report.ops() > 0, "the workers wrote");
+}
+
+/// Goal: the `--announce` proxy list changes on a running cluster, agreed through raft:
+/// every node answers the new list, the leader's current token is announced to the new
+/// proxy at once, and the next term is fenced at both. Method: start a second proxy in
+/// front of the same upstream; `POST /v1/announce` with both admin URLs through a
+/// follower; wait until every node lists both and the second proxy's fence equals the
+/// leader's token; hand leadership over; wait until both proxies hold the new term;
+/// check the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announce_list_changes_on_a_running_cluster() {
+    crate::use_tested_binary();
+    let mut s = Scenario::start(&ScenarioSpec::default()).await;
+    let (leader, follower, _) = leader_and_follower(&mut s, 0).await;
+    let upstream = s.upstream.url();
+    let second =
+        ProxyProcess::start(&s.cluster.dir.join("proxy-2"), &["--upstream", &upstream]).unwrap();
+    let proxies = vec![
+        s.cluster.proxy_at(0).unwrap().admin_url(""),
+        second.admin_url(""),
+    ];
+    let body = serde_json::to_vec(&AnnounceList {
+        proxies: proxies.clone(),
+    })
+    .unwrap();
+    let url = s.cluster.node(follower).unwrap().api_url(ANNOUNCE_PATH);
+    let answer = palisade_cluster::client::try_send_within(
+        palisade_client::Method::POST,
+        &url,
+        &[("content-type", "application/json")],
+        body,
+        STEP,
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status.as_u16(), 200, "{}", answer.text());
+    let deadline = Instant::now() + STEP;
+    loop {
+        s.pump();
+        let mut all = true;
+        for node in &s.cluster.nodes {
+            let list = palisade_cluster::client::try_send(
+                palisade_client::Method::GET,
+                &node.api_url(ANNOUNCE_PATH),
+                &[],
+                Vec::new(),
+            )
+            .await
+            .map(|a| serde_json::from_slice::<AnnounceList>(a.text().as_bytes()).ok());
+            all &= matches!(list, Ok(Some(l)) if l.proxies == proxies);
+        }
+        let token = s
+            .cluster
+            .node(leader)
+            .unwrap()
+            .leadership()
+            .await
+            .and_then(|l| l.token);
+        if all && token.is_some() && second.fence("default").await == token {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new announce list did not take effect"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    s.say("every node follows the new announce list; the second proxy holds the token");
+    let before = s
+        .cluster
+        .node(leader)
+        .unwrap()
+        .leadership()
+        .await
+        .unwrap()
+        .term;
+    api(&s, leader).transfer(follower).await.unwrap();
+    let next = s.wait_announced_leader(before, None).await;
+    let deadline = Instant::now() + STEP;
+    while second.fence("default").await != next.token {
+        assert!(
+            Instant::now() < deadline,
+            "the second proxy never got term {}",
+            next.term
+        );
+        s.pump();
+        tokio::time::sleep(POLL).await;
+    }
+    s.run_for(Duration::from_millis(300)).await;
+    assert_no_panic(&s);
+    drop(second);
+    let report = s.finish("announce list change");
     assert!(report.ops() > 0, "the workers wrote");
 }

@@ -113,8 +113,8 @@ pub(crate) enum DropCause {
     /// A snapshot whose membership does not include this node.
     #[error("snapshot voters {voters:?} do not include this node")]
     SnapshotMembership { voters: Vec<u64> },
-    /// A forwarded proposal that is not exactly one membership change.
-    #[error("a forwarded proposal must be one membership change")]
+    /// A forwarded proposal that is not exactly one membership or announce list change.
+    #[error("a forwarded proposal must be one membership or announce list change")]
     ProposalNotConfChange,
     /// A `MsgTimeoutNow` not from the leader this node follows in its term.
     #[error(
@@ -218,11 +218,7 @@ impl Guard {
                 })
             }
             MessageType::MsgSnapshot => Self::check_snapshot(m, me.id),
-            MessageType::MsgPropose
-                if m.get_entries().len() != 1
-                    || m.get_entries()[0].get_entry_type()
-                        != raft::eraftpb::EntryType::EntryConfChangeV2 =>
-            {
+            MessageType::MsgPropose if !is_forwarded_change(m) => {
                 Err(DropCause::ProposalNotConfChange)
             }
             MessageType::MsgTimeoutNow
@@ -267,6 +263,20 @@ impl Guard {
             });
         }
         Ok(())
+    }
+}
+
+/// Whether a forwarded proposal is one change a follower may forward: a membership change
+/// (`ConfChangeV2`) or a new announce list (a normal entry with its prefix).
+fn is_forwarded_change(m: &Message) -> bool {
+    use raft::eraftpb::EntryType;
+    match m.get_entries() {
+        [e] => match e.get_entry_type() {
+            EntryType::EntryConfChangeV2 => true,
+            EntryType::EntryNormal => e.data.starts_with(crate::members::ANNOUNCE_ENTRY_PREFIX),
+            EntryType::EntryConfChange => false,
+        },
+        _ => false,
     }
 }
 

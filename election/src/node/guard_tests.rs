@@ -200,8 +200,9 @@ fn acks_beyond_the_log_are_dropped() {
     assert_eq!(guard().check(&ack, &me()), Ok(()));
 }
 
-/// Goal: a forwarded proposal passes only as one membership change. Method: a proposal
-/// with a normal entry, with two conf changes, with none, then with one conf change.
+/// Goal: a forwarded proposal passes only as one membership or announce list change.
+/// Method: a proposal with a plain normal entry, with two conf changes, with none, with a
+/// legacy conf change; then one conf change, and one announce list entry.
 #[test]
 fn proposals_other_than_one_conf_change_are_dropped() {
     use raft::eraftpb::{Entry, EntryType};
@@ -235,6 +236,10 @@ fn proposals_other_than_one_conf_change_are_dropped() {
         guard().check(&propose(&[EntryType::EntryConfChangeV2]), &me()),
         Ok(())
     );
+    // A new announce list is a normal entry with its prefix, and passes too.
+    let mut announce = propose(&[EntryType::EntryNormal]);
+    announce.mut_entries()[0].data = crate::members::announce_entry(&[]).into();
+    assert_eq!(guard().check(&announce, &me()), Ok(()));
 }
 
 /// Goal: a snapshot whose membership leaves this node out (or names an id twice) is

@@ -35,6 +35,11 @@ pub(crate) struct Membership {
     pub(crate) compact_to_applied: bool,
     /// Set when this node must stop: its storage lost entries the cluster acknowledged.
     pub(crate) lost: Option<NodeError>,
+    /// The announce list the announcers follow (the flags', or the one the cluster agreed
+    /// on); a node with fleet leases keeps its flags'.
+    pub(crate) announce_tx: watch::Sender<Vec<String>>,
+    /// Whether this node runs fleet leases (`--lease-ms`): then the announce list is fixed.
+    pub(crate) leases_on: bool,
     /// Entries kept behind the applied index at compaction ([`super::LOG_ENTRIES_RETAINED`]
     /// unless a start option says otherwise).
     pub(crate) retained: u64,
@@ -63,12 +68,29 @@ impl ElectionLoop {
 
     fn propose_member_change(&mut self, change: &MemberChange) -> Result<(), MemberError> {
         let leader = self.leader_id().ok_or(MemberError::NoLeader)?;
+        if let MemberChange::Announce { proxies } = change {
+            if self.membership.leases_on {
+                return Err(MemberError::AnnounceFixed);
+            }
+            members::check_announce(proxies)?;
+            // A normal entry; a follower forwards it to the leader like a conf change.
+            return self
+                .raw_node
+                .propose(Vec::new(), members::announce_entry(proxies))
+                .map_err(|e| MemberError::Refused {
+                    detail: e.to_string(),
+                });
+        }
         let cs = self.raw_node.raft.prs().conf().to_conf_state();
         members::check(&self.membership.table, &cs, Some(leader), change)?;
         if self.raw_node.raft.has_pending_conf() {
             return Err(MemberError::Pending);
         }
-        let (cc, context) = members::conf_change(change);
+        let Some((cc, context)) = members::conf_change(change) else {
+            return Err(MemberError::Invalid {
+                detail: "not a membership change".to_owned(),
+            });
+        };
         // On a follower raft forwards the proposal to the leader (a `MsgPropose`, which
         // the leader's guard lets through for conf changes only).
         self.raw_node
@@ -87,7 +109,7 @@ impl ElectionLoop {
             return Ok(());
         }
         let cc = match entry.get_entry_type() {
-            EntryType::EntryNormal => return Ok(()),
+            EntryType::EntryNormal => return self.apply_announce_entry(entry).await,
             EntryType::EntryConfChange => {
                 let mut cc = ConfChange::default();
                 if let Err(err) = cc.merge_from_bytes(&entry.data) {
@@ -186,10 +208,80 @@ impl ElectionLoop {
         Ok(())
     }
 
+    /// Applies a normal entry that replaces the announce list (any other normal entry, the
+    /// leaders' no-ops, does nothing): stores it in the members table and hands it to the
+    /// announcers. A node with fleet leases stores it but keeps announcing to its flags'
+    /// proxies (the API refuses such changes on it; this covers a cluster of mixed flags).
+    async fn apply_announce_entry(&mut self, entry: &Entry) -> Result<(), NodeError> {
+        let proxies = match members::parse_announce_entry(&entry.data) {
+            None => return Ok(()),
+            Some(Err(err)) => {
+                warn!(node_id = self.id, index = entry.index, cause = %err, "announce list change refused");
+                return Ok(());
+            }
+            Some(Ok(proxies)) => proxies,
+        };
+        let mut table = self.membership.table.clone();
+        table.announce = Some(proxies.clone());
+        table.index = entry.index;
+        let cs = self.raw_node.raft.prs().conf().to_conf_state();
+        let log = self.log.clone();
+        let stored = table.clone();
+        blocking(move || log.apply_membership(&cs, &stored)).await?;
+        self.membership.table = table;
+        info!(
+            event = events::ANNOUNCE_CHANGED,
+            node_id = self.id,
+            index = entry.index,
+            term = self.raw_node.raft.term,
+            proxies = ?proxies,
+            "announce list changed"
+        );
+        if self.membership.leases_on {
+            warn!(
+                node_id = self.id,
+                "this node runs fleet leases: it keeps announcing to its --announce flags"
+            );
+            return Ok(());
+        }
+        self.publish_announce(proxies);
+        Ok(())
+    }
+
+    /// Hands a new announce list to the announcers; a token already announced to the old
+    /// list is announced again to the new one.
+    fn publish_announce(&mut self, proxies: Vec<String>) {
+        self.no_proxies = proxies.is_empty();
+        let changed = self.membership.announce_tx.send_if_modified(|l| {
+            if *l == proxies {
+                false
+            } else {
+                *l = proxies;
+                true
+            }
+        });
+        if changed {
+            // A new list must accept the token again; an empty one needs nothing.
+            let announced = self.no_proxies;
+            self.leadership.send_modify(|l| {
+                l.announced = announced && l.established.is_some();
+            });
+            self.metrics
+                .announced
+                .set(if announced { 1.0 } else { 0.0 });
+        }
+    }
+
     /// After a snapshot from the leader was persisted: its members table is now the
     /// stored one.
     pub(super) fn on_snapshot_installed(&mut self, index: u64) {
         self.membership.table = self.log.members();
+        if let (Some(proxies), false) = (
+            self.membership.table.announce.clone(),
+            self.membership.leases_on,
+        ) {
+            self.publish_announce(proxies);
+        }
         self.metrics.snapshots_applied.increment(1);
         info!(
             event = events::SNAPSHOT_APPLIED,
@@ -380,4 +472,51 @@ pub(super) async fn prepare(
         Ok(log.members())
     })
     .await
+}
+
+/// Runs the announcer for the current announce list, and a new one (the old one stopped)
+/// each time the list changes. `make` builds an announcer for a list, stopped by the token
+/// it is given. No announcer runs while the list is empty.
+pub(super) fn spawn_announcers<F>(
+    make: F,
+    mut lists: watch::Receiver<Vec<String>>,
+    shutdown: tokio_util::sync::CancellationToken,
+    tasks: &mut tokio::task::JoinSet<()>,
+    span: tracing::Span,
+) where
+    F: Fn(Vec<String>, tokio_util::sync::CancellationToken) -> crate::announce::Announcer
+        + Send
+        + 'static,
+{
+    use tracing::Instrument as _;
+    tasks.spawn(
+        async move {
+            loop {
+                let urls = lists.borrow_and_update().clone();
+                let stop = shutdown.child_token();
+                let running = (!urls.is_empty()).then(|| {
+                    tokio::spawn(crate::announce::run(make(urls, stop.clone())).in_current_span())
+                });
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    changed = lists.changed() => {
+                        if changed.is_ok() {
+                            stop.cancel();
+                            if let Some(task) = running {
+                                // The announcer ends at its token; a panic there was logged.
+                                let _ = task.await;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                stop.cancel();
+                if let Some(task) = running {
+                    let _ = task.await;
+                }
+                return;
+            }
+        }
+        .instrument(span),
+    );
 }

@@ -218,7 +218,12 @@ async fn start(
     let peers = crate::members::peer_map(&members_table, &log.conf_state(), id, &own_peer);
     let (members_tx, members_rx) =
         watch::channel(crate::members::view(&members_table, &log.conf_state()));
-
+    // With fleet leases the list is always the flags' (the release rule depends on it).
+    let announce_urls = match (&members_table.announce, config.leases_on()) {
+        (Some(agreed), false) => agreed.clone(),
+        _ => config.announce.clone(),
+    };
+    let (announce_tx, announce_rx) = watch::channel(announce_urls.clone());
 
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -265,6 +270,7 @@ async fn start(
     });
     let metrics = NodeMetrics::new(id);
     let commands = Commands::new(tx);
+
     // Scores (`--score-oracle`): the board lives in the election loop, the API reads its
     // view; `storage-rtt` also runs a prober of the announce proxies.
     let scores = config.score_oracle.map(|oracle| {
@@ -281,7 +287,6 @@ async fn start(
     });
     let score_view = scores.as_ref().map(crate::score::ScoreBoard::view);
 
-
     let observer = Arc::new(crate::audit::Observer::new(
         id,
         &config.announce,
@@ -295,21 +300,33 @@ async fn start(
             shutdown.clone(),
         ));
     }
-    if !config.announce.is_empty() {
-        tasks.spawn(
-            crate::announce::run(crate::announce::Announcer {
-                scope: config.scope.clone(),
-                urls: config.announce.clone(),
-                bearer: announce_bearer,
-                signer: signer.clone(),
-                tls: announce_tls,
-                leadership: leadership_rx.clone(),
-                commands: commands.clone(),
-                metrics: metrics.clone(),
-                observer: Arc::clone(&observer),
-                shutdown: shutdown.clone(),
-            })
-            .instrument(info_span!("announcer", node_id = id, scope = %config.scope)),
+    // The announcer follows the announce list: the flags', or the one the cluster agreed
+    // on (`POST /v1/announce`, never with fleet leases); see `membership`.
+    {
+        let scope = config.scope.clone();
+        let signer = signer.clone();
+        let leadership = leadership_rx.clone();
+        let commands = commands.clone();
+        let metrics = metrics.clone();
+        let observer = Arc::clone(&observer);
+        let make = move |urls, shutdown| crate::announce::Announcer {
+            scope: scope.clone(),
+            urls,
+            bearer: announce_bearer.clone(),
+            signer: signer.clone(),
+            tls: announce_tls.clone(),
+            leadership: leadership.clone(),
+            commands: commands.clone(),
+            metrics: metrics.clone(),
+            observer: Arc::clone(&observer),
+            shutdown,
+        };
+        membership::spawn_announcers(
+            make,
+            announce_rx.clone(),
+            shutdown.clone(),
+            &mut tasks,
+            info_span!("announcer", node_id = id, scope = %config.scope),
         );
     }
 
@@ -337,9 +354,10 @@ async fn start(
                         commands: commands.clone(),
                         metrics: metrics.clone(),
                         leases: crate::lease::LeaseApi::from_config(&config),
-                        scores: score_view.clone(),
                         faults: faults.is_enabled().then(|| Arc::clone(&faults)),
+                        scores: score_view.clone(),
                         members: members_rx.clone(),
+                        announce: announce_rx.clone(),
                         observer: Arc::clone(&observer),
                         shutdown: shutdown.clone(),
                     },
@@ -361,7 +379,7 @@ async fn start(
         inbox: rx,
         leadership: leadership_tx,
         metrics: metrics.clone(),
-        no_proxies: config.announce.is_empty(),
+        no_proxies: announce_urls.is_empty(),
         transfers: Vec::new(),
         unreachable: BTreeSet::new(),
         snapshot_failed: BTreeSet::new(),
@@ -375,14 +393,16 @@ async fn start(
         signer,
         leases: lease::LeaseRounds::new(lease::lease_gather_interval(&config)),
         release_wait: config.lease_release_wait(),
-        scores,
         established_at: None,
+        scores,
         membership: membership::Membership {
             table: members_table,
             tx: members_tx,
             own_peer,
             compact_to_applied: false,
             lost: None,
+            announce_tx,
+            leases_on: config.leases_on(),
             retained: options.log_entries_retained.unwrap_or(LOG_ENTRIES_RETAINED),
             compact_step: options.log_entries_retained.unwrap_or(LOG_COMPACT_STEP),
         },
