@@ -19,6 +19,9 @@
 //!   the leader) and answer the new list once this node applied the change, at most
 //!   [`crate::MEMBER_CHANGE_TIMEOUT_MS`] later. Refusals are 409 problems whose detail
 //!   says why (a removed id is never accepted again; one change at a time).
+//! - `GET /v1/announce`: the `--announce` proxy list the announcer follows
+//!   ([`AnnounceList`]); `POST /v1/announce` with one replaces it through raft on every
+//!   node and answers once this node applied it (409 `announce-fixed` with fleet leases).
 //! - `GET /metrics` (Prometheus text), `GET /healthz` ([`Health`]; 503 once the election
 //!   loop stopped).
 //! - `GET /`: the status page for people ([`crate::status_page`]): role, term, leader,
