@@ -101,6 +101,23 @@ pub(crate) fn run(args: &AuditArgs) -> Result<(), Failure> {
             args.file.display()
         )));
     }
+    let (matched, skipped) = read(args)?;
+    if args.json {
+        for r in &matched {
+            print_json(r)?;
+        }
+    } else {
+        print_table(&matched)?;
+    }
+    if skipped > 0 {
+        eprintln!("palisade audit: {skipped} lines were not audit records");
+    }
+    Ok(())
+}
+
+/// The records of the log that pass the filters, oldest first, and how many lines were
+/// not records (each named on stderr).
+fn read(args: &AuditArgs) -> Result<(Vec<AuditRecord>, u64), Failure> {
     let mut matched = Vec::new();
     let mut skipped = 0u64;
     for path in files_of(&args.file) {
@@ -131,17 +148,7 @@ pub(crate) fn run(args: &AuditArgs) -> Result<(), Failure> {
             }
         }
     }
-    if args.json {
-        for r in &matched {
-            print_json(r)?;
-        }
-    } else {
-        print_table(&matched)?;
-    }
-    if skipped > 0 {
-        eprintln!("palisade audit: {skipped} lines were not audit records");
-    }
-    Ok(())
+    Ok((matched, skipped))
 }
 
 fn print_table(records: &[AuditRecord]) -> Result<(), Failure> {
@@ -200,13 +207,17 @@ mod tests {
     use super::*;
 
     fn args(extra: &[&str]) -> AuditArgs {
+        args_for("/tmp/none", extra)
+    }
+
+    fn args_for(file: &str, extra: &[&str]) -> AuditArgs {
         use clap::Parser as _;
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
             a: AuditArgs,
         }
-        let mut argv = vec!["audit", "/tmp/none"];
+        let mut argv = vec!["audit", file];
         argv.extend_from_slice(extra);
         Cli::parse_from(argv).a
     }
@@ -245,5 +256,26 @@ mod tests {
         let mut r = record("2026-11-23T10:00:00.000Z", "jobs", 3);
         r.path = Some("/a\nforged".to_owned());
         assert!(!details(&r).contains('\n'));
+    }
+
+    /// Goal: lines that are not records (garbage, a truncated line, one over
+    /// `AUDIT_LINE_BYTES_MAX`) are skipped and counted, and the records around them are
+    /// read, the rotated file's first. Method: write `FILE.1` and `FILE` by hand, read.
+    #[test]
+    fn hostile_lines_are_skipped_and_rotated_files_come_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("audit.log");
+        let line =
+            |t: u64| serde_json::to_string(&record("2026-11-23T10:00:00.000Z", "jobs", t)).unwrap();
+        std::fs::write(rotated_path(&file, 1), format!("{}\nnot json\n", line(1))).unwrap();
+        let huge = format!(
+            "{{\"time\":\"{}\",\"event\":\"x\"}}",
+            "x".repeat(AUDIT_LINE_BYTES_MAX)
+        );
+        std::fs::write(&file, format!("{huge}\n{}\n{{\"time\":\"2026", line(2))).unwrap();
+        let (records, skipped) = read(&args_for(file.to_str().unwrap(), &[])).unwrap();
+        let tokens: Vec<Option<u64>> = records.iter().map(|r| r.presented).collect();
+        assert_eq!(tokens, [Some(1), Some(2)]);
+        assert_eq!(skipped, 3);
     }
 }
