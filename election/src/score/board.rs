@@ -256,7 +256,12 @@ impl ScoreBoard {
     ) {
         let sent_us = self.now_us(now);
         for &peer in voters.iter().filter(|id| **id != self.id) {
-            let (echo_us, echo_held_us) = match self.peers.get(&peer).and_then(|p| p.last) {
+            // Only a fresh frame is echoed: an old one would carry a hold the peer refuses
+            // (over `SCORE_ECHO_HELD_US_MAX`) after a long silence, and says nothing about
+            // the round trip now.
+            let last = self.peers.get(&peer).and_then(|p| p.last);
+            let fresh = last.filter(|(_, at)| now.saturating_duration_since(*at) <= self.stale);
+            let (echo_us, echo_held_us) = match fresh {
                 Some((frame, at)) => (
                     frame.sent_us,
                     u64::try_from(now.saturating_duration_since(at).as_micros())
@@ -436,6 +441,21 @@ mod tests {
         )
     }
 
+    /// A transport that keeps the score frames sent.
+    #[derive(Default)]
+    struct Recorder(Vec<(u64, ScoreFrame)>);
+
+    impl Transport for Recorder {
+        fn send(&mut self, _msg: raft::eraftpb::Message) -> crate::transport::Delivery {
+            crate::transport::Delivery::Unreachable
+        }
+
+        fn send_score(&mut self, to: u64, frame: ScoreFrame) -> crate::transport::Delivery {
+            self.0.push((to, frame));
+            crate::transport::Delivery::Queued
+        }
+    }
+
     fn frame(echo_us: u64, echo_held_us: u64) -> ScoreFrame {
         ScoreFrame {
             score: Some(-3.0),
@@ -470,6 +490,19 @@ mod tests {
         );
         b.on_frame(3, frame(u64::MAX, 0));
         assert_eq!(b.peers[&3].rtt.len(), 0, "an echo from the future");
+        // Echoes go back only for fresh frames.
+        let mut sent = Recorder::default();
+        b.share(&mut sent, &[1, 2, 3], (2, 5), Instant::now());
+        assert!(sent.0.iter().all(|(_, f)| f.echo_us == 77), "{:?}", sent.0);
+        let mut sent = Recorder::default();
+        let later = Instant::now() + b.stale + Duration::from_millis(1);
+        b.share(&mut sent, &[1, 2, 3], (2, 5), later);
+        assert_eq!(sent.0.len(), 2);
+        assert!(
+            sent.0
+                .iter()
+                .all(|(_, f)| f.echo_us == 0 && f.echo_held_us == 0)
+        );
         // Both peers are fresh now and their frames are remembered.
         let now = Instant::now();
         assert_eq!(b.fresh(2, now).map(|f| f.last_index), Some(5));
