@@ -104,8 +104,8 @@ pub(crate) async fn serve<H, F>(
         .header_read_timeout(settings.header_read_timeout)
         // hyper's one buffer limit bounds both the request head and each read of a body.
         // At `header_bytes_max` (16 KiB by default) a 64 KiB body would arrive as four
-        // or more frames, each a wake-up of the forwarding task and a write to the
-        // upstream: streaming would cost more CPU than reading the body whole. So reads
+        // or more frames, each a wake-up of the upstream connection's task and a write
+        // to the upstream: streaming would cost more CPU than reading the body whole. So reads
         // may grow to `READ_BUFFER_BYTES_MAX`, and the head limit is checked by the
         // service instead (`service::check_head_size`, 431 as before).
         .max_buf_size(settings.header_bytes_max.max(READ_BUFFER_BYTES_MAX))

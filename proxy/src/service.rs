@@ -5,7 +5,11 @@
 //! until the request is admitted, so a refused write is answered before its client sends
 //! any body (hyper sends `100 Continue` only when the body is first polled).
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, Method, Request, Response};
@@ -18,7 +22,7 @@ use palisade_storage::ObjectStore;
 use crate::body::ProxyBody;
 use crate::config::ProxyConfig;
 use crate::error::{Cause, ProxyError};
-use crate::fencing::Fencer;
+use crate::fencing::{Admitted, Fencer};
 use crate::metrics as m;
 use crate::proof::ProofVerifier;
 use crate::routing::{Class, Classifier};
@@ -192,94 +196,214 @@ async fn run_phases(
         parts.headers.remove(FENCING_TOKEN_PROOF);
     }
 
-    // Phase: forward, in a task of its own, streaming the body. If the client goes
-    // away, hyper drops this future; the forward must not be cancelled with it, because
-    // the upstream may still apply the write. The task keeps the in-flight guard until
-    // the upstream has answered (or timed out), and a body still streaming keeps it
-    // until it is done (a client that goes away mid-body fails it, which ends the
-    // upstream exchange), so higher tokens keep waiting for both.
-    let token = ctx.token;
+    // Phase: forward, streaming the body. The forward runs in the connection's own
+    // task (no task of its own and no hand-off per request), but once started it is never
+    // cancelled: if the client goes away, hyper drops this future, and `Forward` then
+    // moves the forward into a task of its own, because the upstream may still apply the
+    // write. The forward keeps the in-flight guard until the upstream has answered (or
+    // timed out), and a body still streaming keeps it until it is done (a client that
+    // goes away mid-body fails it, which ends the upstream exchange), so higher tokens
+    // keep waiting for both.
     ctx.forwarding = true;
-    let forward = tokio::spawn(async move {
-        fail::fail_point!("proxy-before-forward");
-        // Fleet mode: when a write admitted under the lease must have landed, if at all,
-        // and when the whole request must have reached the upstream.
-        let hold_until = admitted.as_ref().and_then(|a| a.lease_deadline);
-        let send_by = admitted.as_ref().and_then(|a| a.lease_expiry);
-        // A body that is empty from the start (most reads) needs no shared state: the
-        // guard stays with this task.
-        let (mut exchange, mut admitted) = if body.is_end_stream() {
-            (None, admitted)
-        } else {
-            (Some(Exchange::new(admitted)), None)
-        };
-        let mut body = RequestBody::new(body, &shared.body_limits, body_max, exchange.clone());
-        if let Some(send_by) = send_by {
-            body.cut_off_at(send_by);
+    let token = ctx.token;
+    let outgoing = Outgoing {
+        parts,
+        body,
+        body_max,
+        admitted,
+        token,
+        upgrade,
+    };
+    Forward::new(forward(shared, peer, outgoing)).await
+}
+
+/// An admitted request on its way to the backend.
+struct Outgoing {
+    parts: http::request::Parts,
+    body: Incoming,
+    /// The size limit its body is held to, and the field that sets it.
+    body_max: Option<(u64, &'static str)>,
+    /// Its in-flight guard, for a fenced request.
+    admitted: Option<Admitted>,
+    token: Option<u64>,
+    /// The client connection's upgrade, on a route that allows upgrades.
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+/// Sends an admitted request to the backend and waits for its answer; run to the end
+/// whatever the client does (see [`Forward`]).
+async fn forward(
+    shared: Arc<Shared>,
+    peer: Arc<Peer>,
+    outgoing: Outgoing,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Outgoing {
+        parts,
+        body,
+        body_max,
+        admitted,
+        token,
+        upgrade,
+    } = outgoing;
+    fail::fail_point!("proxy-before-forward");
+    // Fleet mode: when a write admitted under the lease must have landed, if at all,
+    // and when the whole request must have reached the upstream.
+    let hold_until = admitted.as_ref().and_then(|a| a.lease_deadline);
+    let send_by = admitted.as_ref().and_then(|a| a.lease_expiry);
+    // A body that is empty from the start (most reads) needs no shared state: the
+    // guard stays with this future.
+    let (mut exchange, mut admitted) = if body.is_end_stream() {
+        (None, admitted)
+    } else {
+        (Some(Exchange::new(admitted)), None)
+    };
+    let mut body = RequestBody::new(body, &shared.body_limits, body_max, exchange.clone());
+    if let Some(send_by) = send_by {
+        body.cut_off_at(send_by);
+    }
+    if exchange.is_some() {
+        body.read_ahead().await;
+        // A body that failed before anything was sent (a client that stalled or left,
+        // a body over its limit) is answered here: the upstream never sees the request,
+        // and its connection is not broken off mid-request.
+        if let Some(fault) = body.fault_ahead() {
+            return Err(fault.to_proxy_error());
         }
-        if exchange.is_some() {
-            body.read_ahead().await;
-        }
-        let response = match &shared.backend {
-            Backend::Http(upstream) => {
-                match upstream
-                    .forward(parts, body, exchange.as_ref(), &peer, upgrade)
-                    .await
-                {
-                    Ok((response, Some(tunnel))) => {
-                        // The tunnel carries whatever the client sends next, so it holds
-                        // the in-flight guard for as long as it is open.
-                        let held = (exchange.take(), admitted.take());
-                        tokio::spawn(async move {
-                            tunnel.run().await;
-                            drop(held);
-                        });
-                        Ok(response)
-                    }
-                    Ok((response, None)) => Ok(response),
-                    Err(e) => {
-                        // No answer (a timeout, a broken connection): the storage may
-                        // still apply the write. In fleet mode it stays in flight until
-                        // it can no longer land (its lease's end plus the write bound),
-                        // so neither a higher token here nor an acknowledgement of a new
-                        // term (an advance waits at the barrier) passes it meanwhile.
-                        // Its completion is unknown, so it is not judged an overrun.
-                        if let Some(until) = hold_until {
-                            let held = admitted
-                                .take()
-                                .or_else(|| exchange.as_ref().and_then(|x| x.take_admitted()));
-                            if let Some(mut held) = held {
-                                held.lease_deadline = None;
-                                tokio::spawn(async move {
-                                    tokio::time::sleep_until(until).await;
-                                    drop(held);
-                                });
-                            }
+    }
+    let response = match &shared.backend {
+        Backend::Http(upstream) => {
+            match upstream
+                .forward(parts, body, exchange.as_ref(), &peer, upgrade)
+                .await
+            {
+                Ok((response, Some(tunnel))) => {
+                    // The tunnel carries whatever the client sends next, so it holds the
+                    // in-flight guard for as long as it is open.
+                    let held = (exchange.take(), admitted.take());
+                    tokio::spawn(async move {
+                        tunnel.run().await;
+                        drop(held);
+                    });
+                    Ok(response)
+                }
+                Ok((response, None)) => Ok(response),
+                Err(e) => {
+                    // No answer (a timeout, a broken connection): the storage may still
+                    // apply the write. In fleet mode it stays in flight until it can no
+                    // longer land (its lease's end plus the write bound), so neither a
+                    // higher token here nor an acknowledgement of a new term (an advance
+                    // waits at the barrier) passes it meanwhile. Its completion is
+                    // unknown, so it is not judged an overrun.
+                    if let Some(until) = hold_until {
+                        let held = admitted
+                            .take()
+                            .or_else(|| exchange.as_ref().and_then(|x| x.take_admitted()));
+                        if let Some(mut held) = held {
+                            held.lease_deadline = None;
+                            tokio::spawn(async move {
+                                tokio::time::sleep_until(until).await;
+                                drop(held);
+                            });
                         }
-                        Err(e)
                     }
+                    Err(e)
                 }
             }
-            Backend::Embedded(store) => {
-                crate::embedded::serve(
-                    store,
-                    &parts.method,
-                    parts.uri.path(),
-                    parts.uri.query(),
-                    token,
-                    body,
-                )
-                .await
-            }
+        }
+        Backend::Embedded(store) => {
+            crate::embedded::serve(
+                store,
+                &parts.method,
+                parts.uri.path(),
+                parts.uri.query(),
+                token,
+                body,
+            )
+            .await
+        }
+    };
+    fail::fail_point!("proxy-after-forward");
+    drop(exchange);
+    drop(admitted);
+    response
+}
+
+/// The type of a started forward.
+type ForwardFuture = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send>>;
+
+/// A forward that has started, polled by the connection's task, which never cancels it.
+///
+/// A forward may not be cancelled once it started: the upstream may already have the
+/// request and apply the write, and the in-flight guard it holds must stay held until
+/// that is settled. Running it in a task of its own per request guarantees that, but
+/// costs a task, a hand-off and a wake-up per request. So it runs where the request
+/// is served, and only when that future is dropped before the forward ended (hyper
+/// drops it when the client goes away) is the rest of the forward moved into a task of
+/// its own, to run to its end exactly as it would have.
+///
+/// A panic in the forward is caught and answered as 503 (`unavailable`), as a panic in
+/// a task of its own was, instead of taking the client's connection down unanswered.
+struct Forward {
+    /// `None` once it ended.
+    inner: Option<ForwardFuture>,
+}
+
+impl Forward {
+    fn new(
+        forward: impl Future<Output = Result<Response<ProxyBody>, ProxyError>> + Send + 'static,
+    ) -> Self {
+        Self {
+            inner: Some(Box::pin(forward)),
+        }
+    }
+}
+
+impl Future for Forward {
+    type Output = Result<Response<ProxyBody>, ProxyError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(Err(ProxyError::Unavailable(
+                "the forward was polled after it ended".to_owned(),
+            )));
         };
-        fail::fail_point!("proxy-after-forward");
-        drop(exchange);
-        drop(admitted);
-        response
-    });
-    forward
-        .await
-        .map_err(|e| ProxyError::Unavailable(format!("forwarding task failed: {e}")))?
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| inner.as_mut().poll(cx)));
+        match polled {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(result)) => {
+                self.inner = None;
+                Poll::Ready(result)
+            }
+            Err(panic) => {
+                self.inner = None;
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".to_owned());
+                Poll::Ready(Err(ProxyError::Unavailable(format!(
+                    "the forward panicked: {message}"
+                ))))
+            }
+        }
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        // The client went away while the forward was under way. It runs on in a task of
+        // its own, holding its in-flight guard until it ends. Without a runtime (the
+        // process is stopping) nothing could run it, and the guard goes with it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            tracing::debug!("the client went away during its forward; the forward runs on");
+            runtime.spawn(async move {
+                let _ = inner.await;
+            });
+        }
+    }
 }
 
 /// Phase: respond and log. Counts the outcome and writes one log event.
@@ -423,5 +547,50 @@ mod tests {
         );
         let err = token_of(&headers(&[(FENCING_TOKEN, "1"), (FENCING_TOKEN, "1")])).unwrap_err();
         assert!(err.to_string().contains("repeated"), "{err}");
+    }
+
+    /// Goal: a forward that started runs to its end when the future serving the request
+    /// is dropped (the client went away), so the upstream exchange and the in-flight
+    /// guard it holds are not cut short.
+    /// Method: a forward that waits for a signal and then reports; poll it once, drop
+    /// it, send the signal, and wait (with a deadline) for its report.
+    #[tokio::test]
+    async fn a_forward_runs_on_when_its_client_goes_away() {
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let mut forward = Forward::new(async move {
+            let _ = go_rx.await;
+            let _ = done_tx.send("ended");
+            Ok(crate::body::ok_json(&"ok"))
+        });
+        let waker = std::task::Waker::noop();
+        assert!(
+            Pin::new(&mut forward)
+                .poll(&mut Context::from_waker(waker))
+                .is_pending()
+        );
+        drop(forward);
+        go_tx.send(()).unwrap();
+        let report = tokio::time::timeout(Duration::from_secs(10), done_rx)
+            .await
+            .expect("the dropped forward did not run on");
+        assert_eq!(report.unwrap(), "ended");
+    }
+
+    /// Goal: a panic in a forward is answered 503 naming it, instead of taking the
+    /// client's connection down unanswered.
+    /// Method: await a forward that panics.
+    #[tokio::test]
+    async fn a_panic_in_a_forward_is_answered_503() {
+        fn fails() -> Result<Response<ProxyBody>, ProxyError> {
+            panic!("failpoint proxy-before-forward panic");
+        }
+        let err = Forward::new(async { fails() }).await.unwrap_err();
+        assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            err.to_string()
+                .contains("failpoint proxy-before-forward panic"),
+            "{err}"
+        );
     }
 }

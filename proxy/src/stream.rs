@@ -16,16 +16,24 @@
 //!   the next one. At the cap a connection waits before it reads more, and its client
 //!   is held back by TCP flow control.
 //!
-//! Memory per connection is bounded whatever the body size: hyper reads at most its
-//! buffer (`limits.header_bytes_max` on HTTP/1, the flow-control window on HTTP/2), and
-//! the wrapper holds one frame.
+//! Before the request goes upstream, the body is read ahead
+//! ([`RequestBody::read_ahead`]): whole when its declared length is at most
+//! [`READ_AHEAD_BYTES_MAX`], else its first frame, so that the request head and a small
+//! body leave in one write, as they did when bodies were read whole.
 //!
-//! [`Exchange`] is what the body and the forwarding task share: when the body last made
+//! Memory per connection is bounded whatever the body size: hyper reads at most its
+//! buffer (the larger of `limits.header_bytes_max` and 64 KiB on HTTP/1, the
+//! flow-control window on HTTP/2), and the wrapper holds one frame, or at most
+//! [`READ_AHEAD_BYTES_MAX`] bytes read ahead.
+//!
+//! [`Exchange`] is what the body and the forward (which waits for the upstream's answer)
+//! share: when the body last made
 //! progress (the upstream's timeout counts from there, not from the start of a long
 //! upload), and the in-flight guard, released only when both the upstream has answered
 //! and the body is done with, so no lower-token body is still streaming once a higher
 //! token is admitted.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -127,7 +135,7 @@ impl BodyFault {
     }
 }
 
-/// What a streaming body and its forwarding task share.
+/// What a streaming body and its forward share.
 pub(crate) struct Exchange {
     /// When the exchange started; progress is counted in ms from here.
     started: Instant,
@@ -138,7 +146,7 @@ pub(crate) struct Exchange {
     waiting_for_client: AtomicBool,
     /// The in-flight guard: held until the last holder of the exchange (the forwarding
     /// task waiting for the answer, or the body still being sent) lets go, unless the
-    /// forwarding task takes it out to hold it longer ([`Exchange::take_admitted`]).
+    /// forward takes it out to hold it longer ([`Exchange::take_admitted`]).
     admitted: Mutex<Option<Admitted>>,
 }
 
@@ -193,9 +201,19 @@ fn buffer_metrics() -> &'static BufferMetrics {
     })
 }
 
-/// Permits of the shared budget held by the frame last handed over.
+/// The most of a body read ahead before the request is sent upstream, in bytes: a body
+/// whose declared length (`Content-Length`) is at most this is read whole first, as the
+/// frames come, so that the upstream client finds all of it ready and writes the request
+/// head and the whole body in one system call, as a body read whole before admission
+/// was. A longer body, or one of unknown length, gets its first frame read ahead only,
+/// and streams from there. The same as the largest read of a client connection
+/// (`server::READ_BUFFER_BYTES_MAX`), so such a body is one or two reads.
+pub(crate) const READ_AHEAD_BYTES_MAX: u64 = 64 * 1024;
+
+/// Permits of the shared budget held by the frames last handed over (the frame last
+/// asked for, or every frame read ahead).
 struct Held {
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
     bytes: u32,
 }
 
@@ -229,16 +247,18 @@ pub(crate) struct RequestBody<B = Incoming> {
     held: Option<Held>,
     /// A frame read while the budget was exhausted, waiting for its permits.
     parked: Option<(Frame<Bytes>, u32, Acquire)>,
-    /// Shared with the forwarding task; `None` for a body that was empty from the start.
+    /// Shared with the forward; `None` for a body that was empty from the start.
     exchange: Option<Arc<Exchange>>,
     /// Set once the body failed or ended, so it is never polled past that.
     done: bool,
     /// Fleet mode: the end of the lease the write was admitted under. A body not
     /// complete by then is cut off, so the upstream never gets it whole.
     cut_off: Option<Pin<Box<Sleep>>>,
-    /// The first frame (or the body's error), read ahead by [`RequestBody::read_ahead`]
-    /// and handed over on the first poll. A body found empty is simply `done`.
-    ahead: Option<Result<Frame<Bytes>, BodyFault>>,
+    /// Frames read ahead by [`RequestBody::read_ahead`], handed over first, one per
+    /// poll. Their permits stay held until the upstream asks for the frame after them.
+    ahead: VecDeque<Frame<Bytes>>,
+    /// The body's fault, met while reading ahead, handed over on the first poll.
+    ahead_fault: Option<BodyFault>,
 }
 
 impl<B> RequestBody<B> {
@@ -268,7 +288,8 @@ impl<B> RequestBody<B> {
             parked: None,
             exchange,
             done: false,
-            ahead: None,
+            ahead: VecDeque::new(),
+            ahead_fault: None,
             cut_off: None,
         }
     }
@@ -294,12 +315,17 @@ impl<B> RequestBody<B> {
         None
     }
 
+    /// Holds `permit` for a frame being handed over, with the permits already held
+    /// (frames read ahead hold theirs together until they are all taken).
     fn hold(&mut self, permit: OwnedSemaphorePermit, bytes: u32) {
         buffer_metrics().held.increment(f64::from(bytes));
-        self.held = Some(Held {
-            _permit: permit,
-            bytes,
-        });
+        match &mut self.held {
+            Some(held) => {
+                held.permit.merge(permit);
+                held.bytes = held.bytes.saturating_add(bytes);
+            }
+            None => self.held = Some(Held { permit, bytes }),
+        }
         if let Some(exchange) = &self.exchange {
             exchange.progressed();
         }
@@ -309,6 +335,7 @@ impl<B> RequestBody<B> {
         self.done = true;
         self.parked = None;
         self.held = None;
+        self.ahead.clear();
         Poll::Ready(Some(Err(fault)))
     }
 
@@ -367,14 +394,118 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    /// Reads the first frame before the body is handed to the upstream client, under
-    /// the same limits as every frame. The client then finds it ready and writes it with
-    /// the request head in one system call, instead of sending the head alone and the
-    /// body after (a small body is usually all in that first frame). Called after
-    /// admission only, so `100 Continue` still goes out only to an admitted write.
+    /// Reads ahead before the body is handed to the upstream client, under the same
+    /// limits as every frame: the whole body when its declared length is at most
+    /// [`READ_AHEAD_BYTES_MAX`], else its first frame. The client then finds them ready
+    /// and writes them with the request head in one system call, instead of sending
+    /// the head alone and the body after, frame by frame. Called after admission only,
+    /// so `100 Continue` still goes out only to an admitted write.
+    ///
+    /// It never waits for the shared budget while it holds frames read ahead: a frame
+    /// that must wait stays parked, and the frames before it go upstream first, so
+    /// bodies reading ahead cannot hold the whole budget while each waits for more.
     pub(crate) async fn read_ahead(&mut self) {
-        let next = std::future::poll_fn(|cx| Pin::new(&mut *self).poll_frame(cx)).await;
-        self.ahead = next;
+        let whole = self
+            .inner
+            .size_hint()
+            .exact()
+            .is_some_and(|len| len <= READ_AHEAD_BYTES_MAX);
+        std::future::poll_fn(|cx| self.poll_ahead(cx, whole)).await;
+    }
+
+    /// The body's fault met while reading ahead (too large, idle, broken, cut off), if
+    /// any: then nothing of it needs to go upstream.
+    pub(crate) fn fault_ahead(&mut self) -> Option<BodyFault> {
+        self.ahead_fault.take()
+    }
+
+    fn poll_ahead(&mut self, cx: &mut Context<'_>, whole: bool) -> Poll<()> {
+        loop {
+            if self.done || self.inner.is_end_stream() || (!whole && !self.ahead.is_empty()) {
+                return Poll::Ready(());
+            }
+            let next = match self.poll_read(cx) {
+                Poll::Ready(next) => next,
+                // Waiting for the budget with frames in hand: send those first.
+                Poll::Pending if self.parked.is_some() && !self.ahead.is_empty() => {
+                    return Poll::Ready(());
+                }
+                Poll::Pending => return Poll::Pending,
+            };
+            match next {
+                Some(Ok(frame)) => {
+                    let trailers = frame.is_trailers();
+                    self.ahead.push_back(frame);
+                    if trailers {
+                        return Poll::Ready(());
+                    }
+                }
+                Some(Err(fault)) => {
+                    self.ahead_fault = Some(fault);
+                    return Poll::Ready(());
+                }
+                None => return Poll::Ready(()),
+            }
+        }
+    }
+
+    /// Reads the next frame from the client, under the limits.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
+        if self.parked.is_some() {
+            return self.poll_parked(cx);
+        }
+        loop {
+            let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Pending => {
+                    if self.poll_idle(cx).is_ready() {
+                        let timeout_ms = self.idle_ms();
+                        return self.fail(BodyFault::Idle { timeout_ms });
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(None) => {
+                    self.done = true;
+                    if let Some(exchange) = &self.exchange {
+                        exchange.waiting_for_client.store(false, Ordering::Relaxed);
+                        exchange.progressed();
+                    }
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Some(Err(e))) => return self.fail(BodyFault::Read(e.into())),
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            self.last_progress = tokio::time::Instant::now();
+            if let Some(exchange) = &self.exchange {
+                exchange.waiting_for_client.store(false, Ordering::Relaxed);
+            }
+            let Some(data) = frame.data_ref() else {
+                // Trailers pass through as they are.
+                if let Some(exchange) = &self.exchange {
+                    exchange.progressed();
+                }
+                return Poll::Ready(Some(Ok(frame)));
+            };
+            if data.is_empty() {
+                continue;
+            }
+            self.seen = self.seen.saturating_add(data.len() as u64);
+            if let Some(max) = self.max
+                && self.seen > max
+            {
+                let field = self.max_field;
+                return self.fail(BodyFault::TooLarge { max, field });
+            }
+            // A frame larger than the whole budget takes all of it, so it still passes
+            // (alone) instead of waiting forever.
+            let bytes = u32::try_from(data.len())
+                .unwrap_or(u32::MAX)
+                .min(self.budget_bytes);
+            if let Some(frame) = self.hand_over(frame, bytes) {
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            // Parked: poll the acquisition now, so its waker is registered.
+            return self.poll_parked(cx);
+        }
     }
 }
 
@@ -391,79 +522,31 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyFault>>> {
         let this = self.get_mut();
-        // A frame read ahead keeps the permits it took until the upstream asks again.
-        if let Some(ahead) = this.ahead.take() {
-            return Poll::Ready(Some(ahead));
-        }
-        if this.done {
-            return Poll::Ready(None);
-        }
+        // Checked before frames read ahead are handed over too: a body read whole
+        // before the lease ended still may not go upstream after it.
         if let Some(cut_off) = &mut this.cut_off
+            && (!this.done || !this.ahead.is_empty())
             && cut_off.as_mut().poll(cx).is_ready()
         {
             return this.fail(BodyFault::LeaseEnded);
         }
+        // Frames read ahead keep their permits until the upstream asks past them.
+        if let Some(frame) = this.ahead.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        if let Some(fault) = this.ahead_fault.take() {
+            return Poll::Ready(Some(Err(fault)));
+        }
         // Asked for the next frame: the upstream has taken the last one.
         this.held = None;
-        if this.parked.is_some() {
-            return this.poll_parked(cx);
+        if this.done {
+            return Poll::Ready(None);
         }
-        loop {
-            let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => {
-                    if this.poll_idle(cx).is_ready() {
-                        let timeout_ms = this.idle_ms();
-                        return this.fail(BodyFault::Idle { timeout_ms });
-                    }
-                    return Poll::Pending;
-                }
-                Poll::Ready(None) => {
-                    this.done = true;
-                    if let Some(exchange) = &this.exchange {
-                        exchange.waiting_for_client.store(false, Ordering::Relaxed);
-                        exchange.progressed();
-                    }
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Some(Err(e))) => return this.fail(BodyFault::Read(e.into())),
-                Poll::Ready(Some(Ok(frame))) => frame,
-            };
-            this.last_progress = tokio::time::Instant::now();
-            if let Some(exchange) = &this.exchange {
-                exchange.waiting_for_client.store(false, Ordering::Relaxed);
-            }
-            let Some(data) = frame.data_ref() else {
-                // Trailers pass through as they are.
-                if let Some(exchange) = &this.exchange {
-                    exchange.progressed();
-                }
-                return Poll::Ready(Some(Ok(frame)));
-            };
-            if data.is_empty() {
-                continue;
-            }
-            this.seen = this.seen.saturating_add(data.len() as u64);
-            if let Some(max) = this.max
-                && this.seen > max
-            {
-                let field = this.max_field;
-                return this.fail(BodyFault::TooLarge { max, field });
-            }
-            // A frame larger than the whole budget takes all of it, so it still passes
-            // (alone) instead of waiting forever.
-            let bytes = u32::try_from(data.len())
-                .unwrap_or(u32::MAX)
-                .min(this.budget_bytes);
-            if let Some(frame) = this.hand_over(frame, bytes) {
-                return Poll::Ready(Some(Ok(frame)));
-            }
-            // Parked: poll the acquisition now, so its waker is registered.
-            return this.poll_parked(cx);
-        }
+        this.poll_read(cx)
     }
 
     fn is_end_stream(&self) -> bool {
-        if self.ahead.is_some() {
+        if !self.ahead.is_empty() || self.ahead_fault.is_some() {
             return false;
         }
         self.done || (self.parked.is_none() && self.inner.is_end_stream())
@@ -484,8 +567,9 @@ mod tests {
 
     use tokio::sync::mpsc;
 
-    /// A body the test feeds frame by frame; closing the sender ends it.
-    struct Fed(mpsc::UnboundedReceiver<Frame<Bytes>>);
+    /// A body the test feeds frame by frame; closing the sender ends it. The length it
+    /// declares, if any, is its size hint, as a `Content-Length` is.
+    struct Fed(mpsc::UnboundedReceiver<Frame<Bytes>>, Option<u64>);
 
     impl Body for Fed {
         type Data = Bytes;
@@ -497,11 +581,22 @@ mod tests {
         ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
             self.0.poll_recv(cx).map(|f| f.map(Ok))
         }
+
+        fn size_hint(&self) -> SizeHint {
+            self.1.map_or_else(SizeHint::default, SizeHint::with_exact)
+        }
     }
 
     fn fed(limits: &BodyLimits) -> (mpsc::UnboundedSender<Frame<Bytes>>, RequestBody<Fed>) {
+        fed_declaring(limits, None)
+    }
+
+    fn fed_declaring(
+        limits: &BodyLimits,
+        len: Option<u64>,
+    ) -> (mpsc::UnboundedSender<Frame<Bytes>>, RequestBody<Fed>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (tx, RequestBody::new(Fed(rx), limits, None, None))
+        (tx, RequestBody::new(Fed(rx, len), limits, None, None))
     }
 
     fn data(n: usize) -> Frame<Bytes> {
@@ -661,5 +756,101 @@ mod tests {
             http::StatusCode::SERVICE_UNAVAILABLE
         );
         assert!(next(&mut body).await.is_none(), "nothing after the cut-off");
+    }
+
+    /// Goal: a body whose declared length is at most `READ_AHEAD_BYTES_MAX` is read whole
+    /// before it goes upstream, even when its frames come one at a time, and is then
+    /// handed over frame by frame, holding its permits until the upstream asks past the
+    /// last; a body of unknown length, or declared longer, gets its first frame read
+    /// ahead only.
+    /// Method: a 30-byte body declared as such, its three frames sent while `read_ahead`
+    /// waits; then the same frames on a body of unknown length and on one declaring
+    /// `READ_AHEAD_BYTES_MAX + 1` bytes, each with its first frame only ready.
+    #[tokio::test]
+    async fn read_ahead_takes_a_small_declared_body_whole_and_others_one_frame() {
+        let limits = BodyLimits::new(None, Duration::from_secs(30), 1024);
+        let (tx, mut body) = fed_declaring(&limits, Some(30));
+        tx.send(data(10)).unwrap();
+        let feeder = tokio::spawn(async move {
+            for _ in 0..2 {
+                tokio::task::yield_now().await;
+                tx.send(data(10)).unwrap();
+            }
+        });
+        body.read_ahead().await;
+        feeder.await.unwrap();
+        assert_eq!(body.ahead.len(), 3, "the whole body was read ahead");
+        assert_eq!(limits.budget.available_permits(), 1024 - 30);
+        for _ in 0..3 {
+            assert!(!body.is_end_stream(), "frames are still to be handed over");
+            assert!(matches!(poll_once(&mut body), Poll::Ready(Some(Ok(_)))));
+        }
+        assert_eq!(
+            limits.budget.available_permits(),
+            1024 - 30,
+            "the frames read ahead hold their permits until the upstream asks past them"
+        );
+        assert!(matches!(poll_once(&mut body), Poll::Ready(None)));
+        assert_eq!(limits.budget.available_permits(), 1024);
+
+        for len in [None, Some(READ_AHEAD_BYTES_MAX + 1)] {
+            let (tx, mut body) = fed_declaring(&limits, len);
+            tx.send(data(10)).unwrap();
+            body.read_ahead().await;
+            assert_eq!(body.ahead.len(), 1, "one frame only ({len:?})");
+            assert!(
+                poll_once(&mut body).is_ready(),
+                "the frame read ahead comes first"
+            );
+            assert!(
+                poll_once(&mut body).is_pending(),
+                "nothing more was read ({len:?})"
+            );
+        }
+    }
+
+    /// Goal: a body reading ahead never waits for the shared budget while it holds frames
+    /// (bodies each holding part of the budget and waiting for more would wait for each
+    /// other forever); the frame that does not fit waits, parked, until the frames before
+    /// it were taken.
+    /// Method: a 10-byte budget; a body declaring 16 bytes sends 8 and 8: `read_ahead`
+    /// must return (within a deadline) with the first frame; taking it and asking again
+    /// frees its permits for the second.
+    #[tokio::test]
+    async fn read_ahead_does_not_wait_for_the_budget_while_holding_frames() {
+        let limits = BodyLimits::new(None, Duration::from_secs(30), 10);
+        let (tx, mut body) = fed_declaring(&limits, Some(16));
+        tx.send(data(8)).unwrap();
+        tx.send(data(8)).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), body.read_ahead())
+            .await
+            .expect("read_ahead waited for the budget while holding a frame");
+        assert_eq!(body.ahead.len(), 1);
+        assert!(body.parked.is_some(), "the second frame waits for permits");
+        let first = next(&mut body).await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap().len(), 8);
+        let second = next(&mut body).await.unwrap().unwrap();
+        assert_eq!(second.into_data().unwrap().len(), 8);
+        assert_eq!(limits.budget.available_permits(), 2);
+    }
+
+    /// Goal: in fleet mode, frames read ahead are not handed over once the lease ended,
+    /// even though the whole body was read before it ended.
+    /// Method: paused time; a 10-byte body declared as such, read ahead whole, a cut-off
+    /// 100 ms ahead; 150 ms later the first poll is the cut-off.
+    #[tokio::test(start_paused = true)]
+    async fn a_body_read_ahead_is_cut_off_when_its_lease_ends_before_it_is_sent() {
+        let limits = BodyLimits::new(None, Duration::from_secs(60), 1024);
+        let (tx, mut body) = fed_declaring(&limits, Some(10));
+        body.cut_off_at(tokio::time::Instant::now() + Duration::from_millis(100));
+        tx.send(data(10)).unwrap();
+        drop(tx);
+        body.read_ahead().await;
+        assert_eq!(body.ahead.len(), 1);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let fault = next(&mut body).await.unwrap().unwrap_err();
+        assert!(matches!(fault, BodyFault::LeaseEnded), "{fault}");
+        assert!(next(&mut body).await.is_none(), "nothing after the cut-off");
+        assert_eq!(limits.budget.available_permits(), 1024);
     }
 }

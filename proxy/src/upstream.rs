@@ -5,6 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::uri::PathAndQuery;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, header};
 use http_body_util::BodyExt;
 use hyper::upgrade::OnUpgrade;
@@ -139,16 +140,25 @@ impl HttpUpstream {
         peer: &Peer,
         upgrade: Option<OnUpgrade>,
     ) -> Result<(Response<ProxyBody>, Option<Tunnel>), ProxyError> {
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .map_or("/", http::uri::PathAndQuery::as_str);
+        let cannot =
+            |e: http::Error| ProxyError::BadRequest(format!("cannot build upstream URI: {e}"));
+        // Without a base path (the usual case) the client's path and query go as they
+        // are, shared rather than copied.
+        let path_and_query = match parts.uri.path_and_query() {
+            Some(pq) if self.base_path.is_empty() => pq.clone(),
+            pq => PathAndQuery::try_from(format!(
+                "{}{}",
+                self.base_path,
+                pq.map_or("/", PathAndQuery::as_str)
+            ))
+            .map_err(|e| cannot(e.into()))?,
+        };
         let uri = Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
-            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .path_and_query(path_and_query)
             .build()
-            .map_err(|e| ProxyError::BadRequest(format!("cannot build upstream URI: {e}")))?;
+            .map_err(cannot)?;
         let te_trailers = wants_trailers(&parts.headers);
         let protocol = upgrade
             .is_some()
@@ -345,24 +355,27 @@ fn wants_trailers(headers: &HeaderMap) -> bool {
     })
 }
 
-/// Removes hop-by-hop headers, including any named by `Connection`. Most requests have
-/// none, so each name is looked up before anything is removed or allocated.
+/// Removes hop-by-hop headers, including any named by `Connection`.
+///
+/// It runs twice per request (on the request and on the response), so it only compares:
+/// each name present is compared with the list and with the tokens of `Connection`, and
+/// only names found present are removed, one lookup each. Most requests have none; most
+/// responses have `Connection: keep-alive` alone. Nothing is allocated and no name is
+/// parsed or hashed for a header that is not there.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if let Some(connection) = headers.get(header::CONNECTION) {
-        let named: Vec<HeaderName> = connection
-            .to_str()
-            .unwrap_or("")
-            .split(',')
-            .filter_map(|s| HeaderName::from_bytes(s.trim().as_bytes()).ok())
-            .collect();
-        for name in named {
-            headers.remove(name);
-        }
-    }
-    for name in &HOP_BY_HOP {
-        if headers.contains_key(name) {
-            headers.remove(name);
-        }
+    // Owned (a reference count), so the map can change while its tokens are consulted.
+    let connection = headers.get(header::CONNECTION).cloned();
+    let tokens = connection.as_ref().and_then(|v| v.to_str().ok());
+    let hop_by_hop = |name: &HeaderName| {
+        HOP_BY_HOP.contains(name)
+            || tokens.is_some_and(|tokens| {
+                tokens
+                    .split(',')
+                    .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
+            })
+    };
+    while let Some(name) = headers.keys().find(|name| hop_by_hop(name)).cloned() {
+        headers.remove(&name);
     }
 }
 
@@ -392,16 +405,19 @@ mod tests {
     use palisade_protocol::headers::FENCING_TOKEN;
 
     /// Goal: hop-by-hop headers (`Expect` and `TE` included), and headers named by
-    /// `Connection`, are never forwarded; the fencing token and `Trailer` are.
+    /// `Connection` (in any case, with spaces around), are never forwarded; the fencing
+    /// token and `Trailer` are.
     /// Method: strip a header map holding both kinds.
     #[test]
     fn hop_by_hop_headers_and_connection_named_ones_are_removed() {
         let mut h = HeaderMap::new();
         h.insert(
             "connection",
-            HeaderValue::from_static("keep-alive, x-secret"),
+            HeaderValue::from_static("keep-alive, x-secret,X-Other , close"),
         );
         h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("x-other", HeaderValue::from_static("2"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
         h.insert("expect", HeaderValue::from_static("100-continue"));
         h.insert("te", HeaderValue::from_static("trailers"));

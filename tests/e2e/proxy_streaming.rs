@@ -403,9 +403,12 @@ async fn forged_forwarded_for_is_replaced_and_a_trusted_one_appended_to() {
 }
 
 /// Goal: a body whose client stops sending is cut off after `body_idle_timeout_ms`: 408
-/// when the upstream has not answered, never applied, and its scope's barrier released.
-/// Method: a 300 ms idle timeout; a raw PUT declaring 1000 bytes and sending 10; read
-/// the answer; then a higher token writes.
+/// when the upstream has not answered, never applied, and its scope's barrier released;
+/// both for a body read whole before it is sent (declared at most 64 KiB: the upstream
+/// never sees the request) and for one that streams (declared longer: the upstream's
+/// exchange breaks off).
+/// Method: a 300 ms idle timeout; raw PUTs declaring 1000 and 100,000 bytes and sending
+/// 10; read each answer; then a higher token writes.
 #[tokio::test]
 async fn idle_body_is_cut_off_with_408_and_releases_its_scope() {
     crate::use_tested_binary();
@@ -417,16 +420,29 @@ async fn idle_body_is_cut_off_with_408_and_releases_its_scope() {
         &["--upstream", &upstream.url(), "--config", &config],
     );
     let addr = proxy.addr;
-    let answer = tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(addr).unwrap();
-        let head = format!(
-            "PUT /slow HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nContent-Length: 1000\r\n\r\n0123456789"
-        );
-        stream.write_all(head.as_bytes()).unwrap();
-        read_until(&mut stream, "limits.body_idle_timeout_ms", Duration::from_secs(20))
-    })
-    .await
-    .unwrap();
+    let stall = |declared: u64| {
+        tokio::task::spawn_blocking(move || {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            let head = format!(
+                "PUT /slow HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nContent-Length: {declared}\r\n\r\n0123456789"
+            );
+            stream.write_all(head.as_bytes()).unwrap();
+            read_until(
+                &mut stream,
+                "limits.body_idle_timeout_ms",
+                Duration::from_secs(20),
+            )
+        })
+    };
+
+    let answer = stall(1000).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        upstream.arrived().is_empty() && upstream.aborted() == 0 && upstream.body_bytes() == 0,
+        "a body read ahead whole and cut off is never sent"
+    );
+
+    let answer = stall(100_000).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     wait::until(
         "the cut-off body to fail at the upstream",
