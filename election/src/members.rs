@@ -186,8 +186,8 @@ pub(crate) fn parse_announce_entry(data: &[u8]) -> Option<Result<Vec<String>, Me
     Some(parsed)
 }
 
-/// An announce list must hold at most [`crate::ANNOUNCE_URLS_MAX`] distinct http(s) base
-/// URLs, as `--announce` must.
+/// An announce list must hold at most [`crate::config::ANNOUNCE_URLS_MAX`] distinct
+/// http(s) base URLs, as `--announce` must.
 pub(crate) fn check_announce(proxies: &[String]) -> Result<(), MemberError> {
     if proxies.len() > crate::config::ANNOUNCE_URLS_MAX {
         return Err(MemberError::Invalid {

@@ -385,9 +385,8 @@ pub struct StartOptions {
     /// the leader's snapshot. A node whose log already has the cluster restarts normally.
     pub join: Option<MemberList>,
     /// Entries kept behind the applied index when the log is compacted, and compacted at
-    /// once when as many more accumulated. `None`: [`super::LOG_ENTRIES_RETAINED`] and
-    /// [`super::LOG_COMPACT_STEP`]. Small values make compaction (and snapshots) happen
-    /// in tests.
+    /// once when as many more accumulated. `None`: 1,000 retained, compacted every 1,000
+    /// more. Small values make compaction (and snapshots) happen in tests.
     pub log_entries_retained: Option<u64>,
 }
 
