@@ -220,3 +220,71 @@ async fn node_audit_log_records_the_announce_with_its_fields() {
         Some(cluster.proxy.admin_url("").as_str())
     );
 }
+
+/// Goal: a node's audit log records a transfer asked of its API, with the new term, the
+/// target and the outcome. Method: three nodes; restart one follower with `--audit-log`;
+/// move leadership to it through the leader's API; then ask it to hand leadership to
+/// another node; read its log for the `transfer` record.
+#[tokio::test]
+async fn node_audit_log_records_a_transfer_asked_of_its_api() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("node-audit.log");
+    let spec = palisade_cluster::ClusterSpec {
+        nodes: 3,
+        node_flags: vec!["--tick-ms".into(), "20".into()],
+        proxy_flags: Vec::new(),
+    };
+    let mut cluster = palisade_tests::process::start_cluster(
+        dir.path(),
+        &spec,
+        &palisade_cluster::ClusterOptions::default(),
+    );
+    let timeout = Duration::from_secs(20);
+    let first = cluster
+        .wait_for_leader(0, None, timeout)
+        .await
+        .expect("a leader");
+    let audited = cluster
+        .ids()
+        .into_iter()
+        .find(|&id| id != first.node_id)
+        .unwrap();
+    {
+        let node = cluster.node_mut(audited).unwrap();
+        node.spec
+            .extra
+            .extend(["--audit-log".to_owned(), log.display().to_string()]);
+        node.restart().unwrap();
+    }
+    // Leadership to the audited node (asked of the leader, whose log is off), once it is
+    // back and caught up; a refusal while it catches up is retried.
+    let leader_api = cluster.node(first.node_id).unwrap().api().clone();
+    palisade_tests::wait::until("leadership moved to the audited node", timeout, || async {
+        leader_api.transfer(audited).await.ok()
+    })
+    .await;
+    let target = cluster.ids().into_iter().find(|&id| id != audited).unwrap();
+    let api = cluster.node(audited).unwrap().api().clone();
+    let moved =
+        palisade_tests::wait::until("a transfer from the audited node", timeout, || async {
+            api.transfer(target).await.ok()
+        })
+        .await;
+    let records = wait_records(
+        &log,
+        &["--event", "transfer", "--token", &moved.term.to_string()],
+        1,
+    )
+    .await;
+    let t = &records[0];
+    assert_eq!(
+        (t.node_id, t.term, t.current, t.outcome.as_deref()),
+        (
+            Some(audited),
+            Some(moved.term),
+            Some(target),
+            Some("transferred")
+        )
+    );
+}
