@@ -32,7 +32,7 @@
 //! - `status_pages`: the proxy's and the nodes' status pages over HTTP and in headless
 //!   Chromium (screenshots kept in `target/test-artifacts/`), and `palisade status`.
 //! - `audit`: the audit log: a stale leader's rejection with its fields, `palisade audit`
-//!   filters, rotation by size.
+//!   filters, rotation by size, a node's announce and a transfer asked of its API.
 //! - `trust_tokens`: signed tokens: forged tokens and proofs refused with 401, the
 //!   leader's proof admitted, and only the new leader's after an election.
 //! - `trust_admin`: the admin bearer token, and the audited fence reset (API and CLI).
