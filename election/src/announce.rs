@@ -183,7 +183,7 @@ async fn announce_one(
         {
             Ok(answer) => {
                 info!(url = %admin.url(), token, advanced = answer.advanced, "proxy accepted the token");
-                observer.announced(&url, token, "accepted", None);
+                observer.announced(&url, &scope, token, "accepted", None);
                 return true;
             }
             Err(err) => err,
@@ -195,7 +195,7 @@ async fn announce_one(
                     url = %admin.url(), token, current, cause = %err,
                     "proxy holds a higher fence than this token; not announced"
                 );
-                observer.announced(&url, token, "refused", Some(err.to_string()));
+                observer.announced(&url, &scope, token, "refused", Some(err.to_string()));
                 return false;
             }
             // Asking again cannot change these answers: the proxy refused the request
@@ -204,7 +204,7 @@ async fn announce_one(
                 let higher = *status == StatusCode::CONFLICT;
                 warn!(url = %admin.url(), token, %status, higher_fence = higher, cause = %err,
                     "proxy refused the token; not announced");
-                observer.announced(&url, token, "refused", Some(err.to_string()));
+                observer.announced(&url, &scope, token, "refused", Some(err.to_string()));
                 return false;
             }
             ClientError::InvalidUrl { .. }
@@ -212,7 +212,7 @@ async fn announce_one(
             | ClientError::InvalidResponse(_)
             | ClientError::Tls { .. } => {
                 warn!(url = %admin.url(), token, cause = %err, "cannot announce to this proxy; not announced");
-                observer.announced(&url, token, "refused", Some(err.to_string()));
+                observer.announced(&url, &scope, token, "refused", Some(err.to_string()));
                 return false;
             }
             // No answer, a 5xx, a broken connection: the proxy may be restarting.
@@ -221,7 +221,7 @@ async fn announce_one(
         let delay = delays
             .next()
             .unwrap_or(Duration::from_millis(ANNOUNCE_BACKOFF_MAX_MS));
-        observer.announced(&url, token, "retrying", Some(err.to_string()));
+        observer.announced(&url, &scope, token, "retrying", Some(err.to_string()));
         warn!(url = %admin.url(), token, cause = %err, retry_in_ms = delay.as_millis() as u64, "announcement failed");
         tokio::time::sleep(delay).await;
     }

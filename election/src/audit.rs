@@ -77,6 +77,7 @@ impl Observer {
     pub(crate) fn announced(
         &self,
         url: &str,
+        scope: &str,
         token: u64,
         outcome: &'static str,
         detail: Option<String>,
@@ -106,6 +107,7 @@ impl Observer {
             }
         }
         let mut record = self.record(event::ANNOUNCE, now, token);
+        record.scope = Some(scope.to_owned());
         record.presented = Some(token);
         record.proxy = Some(url.to_owned());
         record.outcome = Some(outcome.to_owned());
@@ -281,24 +283,25 @@ mod tests {
         let o = Observer::new(1, &["http://p1".to_owned()], None);
         o.announced(
             "http://p1",
+            "default",
             3,
             "retrying",
             Some("connection refused".into()),
         );
-        o.announced("http://p1", 3, "accepted", None);
+        o.announced("http://p1", "default", 3, "accepted", None);
         let states = o.announce_states();
         assert_eq!(states.len(), 1);
         assert_eq!(
             (states[0].1.token, states[0].1.outcome, states[0].1.attempts),
             (Some(3), "accepted", 2)
         );
-        o.announced("http://p1", 4, "refused", Some("x".repeat(2000)));
+        o.announced("http://p1", "default", 4, "refused", Some("x".repeat(2000)));
         let s = &o.announce_states()[0].1;
         assert_eq!(
             (s.attempts, s.detail.as_ref().map(String::len)),
             (1, Some(ANNOUNCE_DETAIL_BYTES_MAX))
         );
-        o.announced("http://p2", 4, "accepted", None);
+        o.announced("http://p2", "default", 4, "accepted", None);
         assert_eq!(o.announce_states().len(), 2);
         let states = o.announce_states();
         let urls: Vec<&str> = states.iter().map(|(u, _)| u.as_str()).collect();

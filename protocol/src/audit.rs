@@ -36,7 +36,7 @@ pub mod event {
     pub const RESET: &str = "reset";
     /// A term announced to a proxy. On the proxy: scope, presented, current (the fence
     /// after it), outcome (`advanced`, `unchanged`, `refused`), peer. On the node:
-    /// `node_id`, term, proxy, outcome (`accepted`, `refused`, `retrying`), reason.
+    /// `node_id`, term, scope, proxy, outcome (`accepted`, `refused`, `retrying`), reason.
     pub const ANNOUNCE: &str = "announce";
     /// A node saw the cluster's membership change. Fields: `node_id`, term, reason (what
     /// changed).

@@ -128,7 +128,7 @@ async fn stale_leader_rejection_is_in_the_audit_log_with_its_fields() {
         )),
         "{table}"
     );
-    assert!(table.contains("1 events"), "{table}");
+    assert!(table.contains("1 event\n"), "{table}");
     let _ = (s.old_leader, s.new_leader, &s.cluster);
 }
 
@@ -215,6 +215,7 @@ async fn node_audit_log_records_the_announce_with_its_fields() {
         (Some(1), Some(term), Some(term))
     );
     assert_eq!(a.outcome.as_deref(), Some("accepted"));
+    assert_eq!(a.scope.as_deref(), Some(DEFAULT_SCOPE));
     assert_eq!(
         a.proxy.as_deref(),
         Some(cluster.proxy.admin_url("").as_str())

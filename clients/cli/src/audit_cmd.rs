@@ -166,7 +166,8 @@ fn print_table(records: &[AuditRecord]) -> Result<(), Failure> {
             details(r)
         ))?;
     }
-    print_line(&format!("{} events", records.len()))
+    let n = records.len();
+    print_line(&format!("{n} event{}", if n == 1 { "" } else { "s" }))
 }
 
 /// The record's other fields, `name=value`, in a fixed order.
