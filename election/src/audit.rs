@@ -83,7 +83,9 @@ impl Observer {
         detail: Option<String>,
     ) {
         let now = SystemTime::now();
-        let detail = detail.map(|d| cut(&d, ANNOUNCE_DETAIL_BYTES_MAX).to_owned());
+        let detail = detail.map(|d| {
+            palisade_protocol::audit::cut_to_bytes(&d, ANNOUNCE_DETAIL_BYTES_MAX).to_owned()
+        });
         {
             let mut board = lock(&self.announce);
             // A proxy not on the board yet (the announce list changed) is added, up to
@@ -258,17 +260,6 @@ pub(crate) fn membership_change(
         parts.join("; "),
         members.join(", ")
     ))
-}
-
-fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]

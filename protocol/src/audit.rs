@@ -114,6 +114,20 @@ impl AuditRecord {
     }
 }
 
+/// `text` cut to at most `max` bytes, at a character boundary: for the fields of a
+/// record that a client controls (a path, an error's detail), so that one record stays
+/// small whatever was sent.
+pub fn cut_to_bytes(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// The path of the `n`th rotated file of `path` (`FILE.n`); `n` = 0 is `path` itself.
 pub fn rotated_path(path: &Path, n: u32) -> PathBuf {
     if n == 0 {
@@ -239,6 +253,18 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Goal: a cut never splits a character and never exceeds the bound.
+    /// Method: cut ASCII and a two-byte character at and around the bound.
+    #[test]
+    fn cut_to_bytes_keeps_characters_whole() {
+        assert_eq!(cut_to_bytes("abcdef", 10), "abcdef");
+        assert_eq!(cut_to_bytes("abcdef", 3), "abc");
+        // "é" is two bytes: a bound inside it drops it whole.
+        assert_eq!(cut_to_bytes("aé", 2), "a");
+        assert_eq!(cut_to_bytes("aé", 3), "aé");
+        assert_eq!(cut_to_bytes("é", 0), "");
+    }
 
     /// Goal: times round-trip through RFC 3339 text, and known instants print as
     /// expected (the epoch, a leap day, the end of a year). Method: format and parse.

@@ -125,7 +125,8 @@ impl Activity {
         record.presented = Some(presented);
         record.current = current;
         record.method = Some(method.as_str().to_owned());
-        record.path = Some(cut(path, AUDIT_PATH_BYTES_MAX).to_owned());
+        record.path =
+            Some(palisade_protocol::audit::cut_to_bytes(path, AUDIT_PATH_BYTES_MAX).to_owned());
         record.peer = peer.and_then(|p| p.to_str().ok()).map(str::to_owned);
         record.reason = Some(err.reason().to_owned());
         self.rejections_total.fetch_add(1, Ordering::Relaxed);
@@ -256,18 +257,6 @@ impl Activity {
             last_failure: failure.map(|(_, cause)| cause),
         }
     }
-}
-
-/// `text` cut to at most `max` bytes, at a character boundary.
-fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]
