@@ -248,6 +248,19 @@ impl ElectionLoop {
         match msg {
             Msg::Raft(m) => {
                 let (from, kind) = (m.from, m.get_msg_type());
+                // Scores: a campaigning node may hold back a worse-ranked peer's pre-vote
+                // for one retry of its own (see `ScoreBoard::refuses_pre_vote`).
+                if kind == MessageType::MsgRequestPreVote
+                    && let Some(board) = &self.scores
+                    && board.refuses_pre_vote(&self.raw_node, from, (m.log_term, m.index))
+                {
+                    debug!(
+                        from,
+                        term = m.term,
+                        "pre-vote of a worse-ranked peer held back"
+                    );
+                    return;
+                }
                 if let Err(cause) = self.guard.check(&m, &self.local_state()) {
                     self.check_storage_lost(&m, &cause);
                     let reason = cause.reason();

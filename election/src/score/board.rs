@@ -82,6 +82,9 @@ pub(crate) struct ScoreBoard {
     own: Option<f64>,
     /// The random part of the timeout and the term it was drawn for.
     jitter: (u64, usize),
+    /// Ticks this node has spent campaigning since it last knew a leader (see
+    /// [`ScoreBoard::refuses_pre_vote`]).
+    campaign_ticks: u64,
     /// The last leader this node knew (for `rotating`).
     last_leader: Option<u64>,
     resign: ResignTracker,
@@ -123,6 +126,7 @@ impl ScoreBoard {
             peers: BTreeMap::new(),
             own: None,
             jitter: (0, 0),
+            campaign_ticks: 0,
             last_leader: None,
             resign: ResignTracker::default(),
             view: Arc::new(Mutex::new(ScoreView {
@@ -227,6 +231,10 @@ impl ScoreBoard {
         if leader_id != 0 {
             self.last_leader = Some(leader_id);
         }
+        self.campaign_ticks = match raw_node.raft.state {
+            StateRole::PreCandidate | StateRole::Candidate => self.campaign_ticks.saturating_add(1),
+            StateRole::Follower | StateRole::Leader => 0,
+        };
         self.own = self.own_score(raw_node, &voters, now);
         let log = (
             raw_node.raft.raft_log.last_term(),
@@ -295,6 +303,52 @@ impl ScoreBoard {
         }
         let mut view = self.view.lock().unwrap_or_else(PoisonError::into_inner);
         view.scores = scores;
+    }
+
+    /// Whether to drop a pre-vote request from `from` before raft sees it: only while this
+    /// node is itself campaigning, for at most two of its rank-0 timeouts (one retry),
+    /// and only when `from` (whose request names its log's last term and index,
+    /// `candidate_log`) ranks behind it.
+    ///
+    /// Why: with check-quorum, a follower whose ticks lag (a busy machine) may ignore the
+    /// best node's first pre-vote as still "hearing the leader"; the best node then waits
+    /// a whole timeout to retry, while a worse node's later pre-vote would be granted by
+    /// the best node itself and win. Refusing it for one retry lets the best node's retry,
+    /// which the lagging follower now grants, win instead. Dropping a pre-vote request is
+    /// always safe (it only withholds a vote), and the bound keeps a best node that cannot
+    /// win (say, one whose messages do not get out) from blocking the others for longer.
+    pub(crate) fn refuses_pre_vote(
+        &self,
+        raw_node: &RawNode<RaftLog>,
+        from: u64,
+        candidate_log: (u64, u64),
+    ) -> bool {
+        let window = u64::try_from(self.min_tick)
+            .unwrap_or(u64::MAX)
+            .saturating_add(SCORE_LEASE_GRACE_TICKS)
+            .saturating_mul(2);
+        if self.campaign_ticks == 0 || self.campaign_ticks > window {
+            return false;
+        }
+        let now = Instant::now();
+        let Some(theirs) = self.fresh(from, now) else {
+            return false;
+        };
+        let me = Contender {
+            id: self.id,
+            score: self.own,
+            log: (
+                raw_node.raft.raft_log.last_term(),
+                raw_node.raft.raft_log.last_index(),
+            ),
+        };
+        let them = Contender {
+            id: from,
+            score: theirs.score,
+            log: candidate_log,
+        };
+        let newest = order::newest_log(&me, &[them]);
+        order::ahead(&me, &them, newest, self.margin)
     }
 
     /// Sets raft's randomized election timeout from this node's rank among the voters it
