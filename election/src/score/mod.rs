@@ -18,7 +18,10 @@
 //!   [`SCORE_RANK_SLOT_TICKS`] later plus a random part of less than a slot that only
 //!   breaks ties. A node that hears from a
 //!   better-ranked peer for the first time since it started restarts its election timer,
-//!   so the best node gets its turn even when it started last.
+//!   so the best node gets its turn even when it started last. While campaigning (for at
+//!   most one retry), a node drops pre-vote requests of worse-ranked peers, so a peer
+//!   whose ticks lag cannot make the second-best node win (see
+//!   `ScoreBoard::refuses_pre_vote`).
 //! - **Resignation** ([`resign`]): the leader transfers leadership (raft's transfer, so
 //!   the term and the token rise and are announced as usual) to a caught-up follower
 //!   whose score has stayed more than the margin above its own for longer than
