@@ -1083,7 +1083,7 @@ mod tests {
     }
 
     const HEDGE: Duration = Duration::from_millis(RENEW_HEDGE_MS);
-    const TIMEOUT: Duration = Duration::from_millis(1_000);
+    const TIMEOUT: Duration = Duration::from_millis(crate::config::LEASE_RENEW_TIMEOUT_MS_DEFAULT);
     const NEVER: Duration = Duration::from_secs(3_600);
     const NOW: Duration = Duration::ZERO;
 
