@@ -35,9 +35,10 @@ use crate::config::NodeConfig;
 use crate::node::LeaseError;
 
 /// Lease requests waiting for their answer at once, on one node; one more is answered 503
-/// `lease-busy`. A proxy batches its own renewals into one request at a time, so a fleet
-/// of the most `--announce` proxies (64) needs 64; twice that leaves room for retries
-/// overlapping a slow round, and the bound keeps a flood from filling the election
+/// `lease-busy`. A proxy sends one node one request of a renewal at a time (a write's
+/// renewal may replace a timer renewal still waiting here), so a fleet of the most
+/// `--announce` proxies (64) needs 64; twice that leaves room for those replaced requests
+/// and retries overlapping a slow round, and the bound keeps a flood from filling the election
 /// loop's inbox, which raft traffic shares.
 pub const LEASE_PENDING_MAX: usize = 128;
 /// The longest one lease request waits for a quorum's confirmation (and never longer than

@@ -4,8 +4,8 @@
 # no writes while measured. Each proxy renews its lease in the background (every
 # lease_ms / 3). Per fleet size, over a measured window: the renewals per second reaching
 # the leader (its lease metrics; the proxies' when the node has none), the ReadIndex
-# rounds per second when the node counts them (batching answers concurrent renewals with
-# one round), and the CPU of the nodes in percent of one core, all three and the leader
+# rounds per second when the node counts them (the leader gathers the renewals of one
+# gather interval, lease_ms / 10 at most 300 ms, into one round), and the CPU of the nodes in percent of one core, all three and the leader
 # alone (from their threads' /proc schedstat, with the utime + stime of /proc/PID/stat
 # beside it). The 0-proxy fleet is the baseline (ticks and heartbeats only); the report
 # divides the CPU above it by the number of proxies, so the reader sees whether the
