@@ -11,10 +11,17 @@
 # Each proxy runs 1 runtime thread pinned to CPU 0; the upstream and the load generator
 # (`palisade bench` of this tree) share CPU 1, so the proxies never compete with them.
 #
+# With BENCH_COUNTS=1 it measures what does not depend on the machine's load instead:
+# instructions per request (valgrind callgrind, the difference between a run of
+# COUNT_FEW and one of COUNT_MANY requests divided by the difference, so start-up and
+# shutdown cancel) and system calls per request (strace -c -f, the same difference), each
+# proxy started alone under the tool, 8 connections.
+#
 # Usage: BASELINE_BIN=/path/to/old/palisade tests/bench/streaming_cost.sh
 # Environment (defaults): BENCH_ROUNDS (7), BENCH_DURATION (4 s), BENCH_WARMUP (1 s),
 # BENCH_CONNECTIONS (32), BENCH_BODY_SIZES ("1024 65536"), BENCH_DIR (/var/tmp),
-# BENCH_KEEP (0), BENCH_QUIET_WAIT (0 s). Default run time: about 2 minutes plus builds.
+# BENCH_KEEP (0), BENCH_QUIET_WAIT (0 s), BENCH_COUNTS (0), COUNT_FEW (500), COUNT_MANY
+# (2500). Default run time: about 2 minutes plus builds; with BENCH_COUNTS=1 about 5.
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
 
@@ -30,6 +37,10 @@ need nginx nginx
 need taskset util-linux
 need python3 python3
 need curl curl
+if [ "${BENCH_COUNTS:-0}" = 1 ]; then
+  need valgrind valgrind
+  need strace strace
+fi
 build_palisade
 make_workdir
 machine_report
@@ -64,6 +75,75 @@ start() {
   curl -s --fail -X POST -H "Content-Type: application/json" --data '{"token":1}' \
     "http://127.0.0.1:$admin/v1/fences/default" >/dev/null || die "cannot set the fence of $name"
 }
+# counted NAME TOOL BINARY BYTES REQUESTS: a proxy under TOOL (callgrind or strace)
+# serving REQUESTS PUTs of BYTES; prints the tool's total (instructions, or system calls
+# as "total writev").
+counted() {
+  local name="$1" tool="$2" bin="$3" bytes="$4" n="$5" port admin pid proxy_pid
+  port="$(free_port)"
+  admin="$(free_port)"
+  local cmd=("$bin" proxy --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin"
+    --data-dir "$BENCH_WORK/$name-data" --upstream "http://127.0.0.1:$up_port")
+  case "$tool" in
+    callgrind) spawn "$name" env PALISADE_WORKER_THREADS=1 valgrind --tool=callgrind \
+      --dump-instr=no --callgrind-out-file="$BENCH_WORK/$name.callgrind" "${cmd[@]}" ;;
+    strace) spawn "$name" env PALISADE_WORKER_THREADS=1 strace -c -f \
+      -o "$BENCH_WORK/$name.strace" "${cmd[@]}" ;;
+  esac
+  pid="$SPAWNED"
+  wait_for_line "$BENCH_WORK/$name.out" "palisade proxy listening on" 120
+  curl -s --fail -X POST -H "Content-Type: application/json" --data '{"token":1}' \
+    "http://127.0.0.1:$admin/v1/fences/default" >/dev/null || die "cannot set the fence of $name"
+  "${pin_side[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
+    --url "http://127.0.0.1:$port/bench" --method PUT --body-bytes "$bytes" \
+    --token 1 --connections 8 --requests "$n" --json >/dev/null
+  # The proxy itself is asked to stop (under strace, the tracer must see it exit), and
+  # the tool writes its totals as it ends.
+  if [ "$tool" = callgrind ]; then
+    proxy_pid="$pid"
+  else
+    proxy_pid="$(pgrep -P "$pid" | head -1)"
+  fi
+  kill -TERM "$proxy_pid"
+  wait "$pid" 2>/dev/null || true
+  case "$tool" in
+    callgrind) awk '/Collected :/ {gsub(",", "", $4); print $4}' "$BENCH_WORK/$name.err" ;;
+    strace) awk '$NF == "total" {t = $4} $NF == "writev" {w = $4} END {print t + 0, w + 0}' \
+      "$BENCH_WORK/$name.strace" ;;
+  esac
+}
+
+if [ "${BENCH_COUNTS:-0}" = 1 ]; then
+  few="${COUNT_FEW:-500}"
+  many="${COUNT_MANY:-2500}"
+  echo
+  echo "per request, from the difference of $few and $many requests; 8 connections, PUT with an equal token"
+  echo
+  echo "| body | proxy | instructions | system calls | writev |"
+  echo "|---|---|---|---|---|"
+  for size in "${SIZES[@]}"; do
+    for target in baseline current; do
+      case "$target" in
+        current) bin="$PALISADE" ;;
+        baseline) bin="$BASELINE_BIN" ;;
+      esac
+      i1="$(counted "$target-$size-i1" callgrind "$bin" "$size" "$few")"
+      i2="$(counted "$target-$size-i2" callgrind "$bin" "$size" "$many")"
+      read -r s1 w1 <<<"$(counted "$target-$size-s1" strace "$bin" "$size" "$few")"
+      read -r s2 w2 <<<"$(counted "$target-$size-s2" strace "$bin" "$size" "$many")"
+      python3 - "$size" "$target" "$few" "$many" "$i1" "$i2" "$s1" "$s2" "$w1" "$w2" <<'EOF'
+import sys
+size, target = sys.argv[1:3]
+few, many, i1, i2, s1, s2, w1, w2 = map(int, sys.argv[3:11])
+n = many - few
+print(f"| {size} B | {target} | {(i2 - i1) / n:,.0f} | {(s2 - s1) / n:.2f} | {(w2 - w1) / n:.2f} |")
+EOF
+    done
+  done
+  stop "$up_pid"
+  exit 0
+fi
+
 start current "$PALISADE"
 cur_pid="$STARTED_PID" cur_port="$STARTED_PORT"
 start baseline "$BASELINE_BIN"
