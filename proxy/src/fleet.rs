@@ -1195,4 +1195,84 @@ mod tests {
             "asked once each"
         );
     }
+
+    /// A fake node API on 127.0.0.1 for the renewal task: `POST /v1/lease` grants the
+    /// term in `term` for 3 s (renewed every second), or never answers while it is 0 (a
+    /// paused node). It keeps every request it received.
+    async fn fake_node(
+        term: Arc<AtomicU64>,
+        received: Arc<std::sync::Mutex<Vec<LeaseRequest>>>,
+    ) -> String {
+        let app = axum::Router::new().route(
+            palisade_protocol::lease::LEASE_PATH,
+            axum::routing::post(move |axum::Json(request): axum::Json<LeaseRequest>| {
+                let term = term.load(Ordering::SeqCst);
+                received.lock().unwrap().push(request);
+                async move {
+                    if term == 0 {
+                        std::future::pending::<()>().await;
+                    }
+                    axum::Json(grant(term, 3_000).unwrap())
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    /// Goal: a write with a token above the lease's term does not wait for a timer
+    /// renewal stuck on a paused node: its own renewal replaces it, asks every node at
+    /// once, is marked urgent, and the write is admitted within the renewal timeout.
+    /// Method: two fake nodes; B grants term 5 (so B is asked first from then on) while A
+    /// hangs; then B hangs and A grants 6; once a timer renewal has reached B, a write of
+    /// 6 is made; the first request A gets after that must be urgent (the timer renewal
+    /// would reach A only after its hedge, not urgent), and the write is admitted.
+    #[tokio::test]
+    async fn a_write_renewal_replaces_a_timer_renewal_stuck_on_a_paused_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fencer, lease) = fleet_fencer(&dir, 1_000);
+        let (a_term, b_term) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(5)));
+        let (a_got, b_got) = (Arc::default(), Arc::default());
+        let a = fake_node(Arc::clone(&a_term), Arc::clone(&a_got)).await;
+        let b = fake_node(Arc::clone(&b_term), Arc::clone(&b_got)).await;
+        let renewer = Renewer {
+            lease: Arc::clone(&lease),
+            fencer: Arc::clone(&fencer),
+            nodes: vec![NodeApi::new(&a).unwrap(), NodeApi::new(&b).unwrap()],
+            name: "http://127.0.0.1:1".to_owned(),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(renewer.run(stopped));
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while lease.view().term != 5 {
+            assert!(std::time::Instant::now() < deadline, "no grant of term 5");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        b_term.store(0, Ordering::SeqCst);
+        a_term.store(6, Ordering::SeqCst);
+        let asked_a = a_got.lock().unwrap().len();
+        let asked_b = b_got.lock().unwrap().len();
+        while b_got.lock().unwrap().len() == asked_b {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no timer renewal reached B"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let started = std::time::Instant::now();
+        let admitted = fencer.admit_request("s", 6).await;
+        let waited = started.elapsed();
+        assert!(admitted.is_ok(), "{:?}", admitted.err());
+        assert!(waited < lease.renew_timeout, "the write waited {waited:?}");
+        // The timer renewal would ask A only after the hedge (500 ms), not urgent: the
+        // first request A sees is the write's own renewal.
+        assert!(
+            a_got.lock().unwrap()[asked_a].urgent,
+            "A was first asked by the write's renewal, not by the timer renewal's hedge"
+        );
+        stop.send(true).unwrap();
+        task.await.unwrap();
+    }
 }
