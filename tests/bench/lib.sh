@@ -8,7 +8,9 @@
 set -euo pipefail
 
 BENCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-PALISADE="$BENCH_ROOT/target/release/palisade"
+# BENCH_PALISADE_BIN: another binary to run (with BENCH_NO_BUILD=1, say a copy that a
+# concurrent build cannot replace in the middle of a run).
+PALISADE="${BENCH_PALISADE_BIN:-$BENCH_ROOT/target/release/palisade}"
 # Process groups to kill on exit (each child is started with setsid, so pid = pgid).
 BENCH_PGIDS=()
 BENCH_WORK=""

@@ -11,9 +11,12 @@ round trip to a node is that site's round trip to the node's site (0 added for a
 its own site).
 
 Layouts (node id: site):
-  3 nodes: 1 slac, 2 caltech, 3 fnal (a node per site);
+  3 nodes: 1 caltech, 2 fnal, 3 slac (a node per site, in the 5-node layout's order);
   5 nodes: the paper's Fig. 5 with its Deployment 2 (D1 slac, D2 caltech, D3 fnal):
            1 caltech, 2 caltech, 3 fnal, 4 slac, 5 slac.
+The nodes nearest the proxy's default site (slac) have the highest ids on purpose: ties
+between scores go to the lower id, so an oracle that does not measure what matters here
+cannot find slac by its id.
 
 Every node has a worker (`pole_eval.py worker`, in the node's namespace) that writes
 through the proxy only while its node is the established leader, with the token from its
@@ -50,7 +53,7 @@ RTT_MS = {
     frozenset(("caltech", "fnal")): 77.06,
 }
 LAYOUTS = {
-    3: ["slac", "caltech", "fnal"],
+    3: ["caltech", "fnal", "slac"],
     5: ["caltech", "caltech", "fnal", "slac", "slac"],
 }
 # Ports inside each node's namespace (each has its own address, so they never collide).
@@ -90,10 +93,19 @@ def get_json(url, timeout=QUERY_TIMEOUT_S):
         return json.loads(r.read())
 
 
-def free_port(host):
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_ports(host, count):
+    """`count` distinct free ports: all are held bound until the last is picked, so the
+    kernel cannot hand the same port out twice."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def pct(values, q):
@@ -300,13 +312,17 @@ class RelayTopo:
     def __init__(self, sites, proxy_site):
         self.sites, self.proxy_site = sites, proxy_site
         self.proxy_host = "127.0.0.1"
-        n = len(sites)
-        self.raft = {i: free_port("127.0.0.1") for i in range(1, n + 1)}
-        self.api_port = {i: free_port("127.0.0.1") for i in range(1, n + 1)}
-        self.relay_admin = {i: free_port("127.0.0.1") for i in range(1, n + 1)}
-        self.relay_data = {i: free_port("127.0.0.1") for i in range(1, n + 1)}
+        self.n = len(sites)
 
     def setup(self, procs, proxy_port, admin_port):
+        # Fresh ports every trial (a killed node's ports may linger in TIME_WAIT).
+        n = self.n
+        ports = free_ports("127.0.0.1", 4 * n)
+        ids = range(1, n + 1)
+        self.raft = dict(zip(ids, ports[0:n]))
+        self.api_port = dict(zip(ids, ports[n:2 * n]))
+        self.relay_admin = dict(zip(ids, ports[2 * n:3 * n]))
+        self.relay_data = dict(zip(ids, ports[3 * n:4 * n]))
         routes = []
         for i, site in enumerate(self.sites, start=1):
             half = rtt(site, self.proxy_site) / 2
@@ -363,7 +379,7 @@ def eval_trial(args, topo, sites, config, trial):
     work = os.path.join(args.work, f"{n}-{config}-{trial}")
     os.makedirs(work)
     procs = Procs(work)
-    proxy_port, admin_port = free_port(topo.proxy_host), free_port(topo.proxy_host)
+    proxy_port, admin_port = free_ports(topo.proxy_host, 2)
     result = {"nodes": n, "config": config, "trial": trial}
     try:
         procs.start("proxy", [args.bin, "proxy", "--listen", f"{topo.proxy_host}:{proxy_port}",
@@ -654,9 +670,10 @@ def cmd_failover(args):
     new leader is elected and until the proxy's fence rose, like `palisade bench failover`."""
     procs = Procs(args.work)
     n = args.nodes
-    raft = {i: free_port("127.0.0.1") for i in range(1, n + 1)}
-    api = {i: free_port("127.0.0.1") for i in range(1, n + 1)}
-    proxy_port, admin_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    ports = free_ports("127.0.0.1", 2 * n + 2)
+    raft = dict(zip(range(1, n + 1), ports[0:n]))
+    api = dict(zip(range(1, n + 1), ports[n:2 * n]))
+    proxy_port, admin_port = ports[2 * n], ports[2 * n + 1]
     trials = []
     try:
         procs.start("proxy", [args.bin, "proxy", "--listen", f"127.0.0.1:{proxy_port}",
@@ -673,9 +690,13 @@ def cmd_failover(args):
         for i in range(1, n + 1):
             procs.wait_line(f"node{i}", "listening on")
 
-        def views():
+        def views(skip=None):
+            # The paused node is skipped while it is paused: a query of it would wait out
+            # its timeout and hold up the polling.
             out = {}
             for i in range(1, n + 1):
+                if i == skip:
+                    continue
                 try:
                     out[i] = get_json(f"http://127.0.0.1:{api[i]}/v1/leader", 0.5)
                 except (OSError, urllib.error.URLError, ValueError):
@@ -720,8 +741,8 @@ def cmd_failover(args):
             while time.monotonic() < t0 + RECOVERY_TIMEOUT_S and announced is None:
                 now = time.monotonic()
                 if elected is None:
-                    for i, v in views().items():
-                        if i != victim and v.get("role") == "leader" and v.get("term", 0) > leader["term"]:
+                    for i, v in views(skip=victim).items():
+                        if v.get("role") == "leader" and v.get("term", 0) > leader["term"]:
                             elected = (time.monotonic() - t0) * 1000
                 f = fence()
                 if f is not None and f > old:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The POLE paper's wide-area evaluation (issue 13), reproduced with palisade: three sites
+# The POLE paper's wide-area evaluation, reproduced with palisade: three sites
 # with the round trips of the paper's Table 2 (slac-caltech 9.88 ms, slac-fnal 53.26 ms,
-# caltech-fnal 77.06 ms) emulated with network namespaces and `tc netem`, a node per site
-# (3 nodes) and the paper's 5-node layout (Fig. 5, Deployment 2: 2 at caltech, 1 at fnal,
-# 2 at slac), the proxy "near" one site (slac by default: its round trip to a node is that
+# caltech-fnal 77.06 ms), a node per site (3 nodes: 1 caltech, 2 fnal, 3 slac) and the
+# paper's 5-node layout (Fig. 5, Deployment 2: 1 and 2 at caltech, 3 at fnal, 4 and 5 at
+# slac), the proxy "near" one site (slac by default: its round trip to a node is that
 # site's). Each node's worker writes through the proxy while its node leads. Measured per
 # election configuration (raft's default election and each score oracle): the write
 # latency of the leader's worker (mean, p99), and the recovery time after a SIGKILL of
@@ -93,7 +93,8 @@ spawn eval python3 "$HERE/pole_eval.py" eval --bin "$PALISADE" --work "$BENCH_WO
   --proxy-site "${POLE_PROXY_SITE:-slac}" --trials "${POLE_TRIALS:-5}" \
   --warm-s "${POLE_WARM_S:-6}" --measure-s "${POLE_MEASURE_S:-6}" \
   --interval-ms "${POLE_INTERVAL_MS:-20}" --out "$BENCH_WORK/results.json" "${node_args[@]}"
-tail -f --pid "$SPAWNED" "$BENCH_WORK/eval.err" >&2 &
+log "trials: one line each in $BENCH_WORK/eval.err as they end"
 wait "$SPAWNED" || die "the evaluation failed: $(tail -5 "$BENCH_WORK/eval.err")"
+cat "$BENCH_WORK/eval.err" >&2
 cat "$BENCH_WORK/eval.out"
 log "done, $(uptime | sed 's/.*load average/load average/')"
