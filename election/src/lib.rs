@@ -101,11 +101,11 @@ pub use palisade_protocol::{
     FaultSpec, Health, LeaderView, LongPoll, Problem, Role, SCOPE_BYTES_MAX, Scope,
     TransferRequest, Transferred,
 };
-pub use token_source::NodeHandleSource;
 pub use score::{
     SCORE_HOLD_MS_DEFAULT, SCORE_HOLD_MS_MAX, SCORE_LEASE_GRACE_TICKS, SCORE_MARGIN_DEFAULT,
     SCORE_RANK_SLOT_TICKS, SCORE_SHARE_TICKS, SCORE_STALE_ELECTIONS, ScoreOracle,
 };
+pub use token_source::NodeHandleSource;
 pub use transport::faults::FAULT_DELAY_MS_MAX;
 pub use transport::mem::MemNetwork;
 pub use transport::{FRAME_BYTES_MAX, PEER_QUEUE_MAX, SCORE_ABS_MAX};

@@ -353,7 +353,12 @@ impl ElectionLoop {
             blocking(move || log.compact(to)).await?;
             // Info, not debug: it happens once per thousand entries (or when a member is
             // added), and tests of snapshots look for it.
-            info!(node_id = self.id, first_index = to, applied, "raft log compacted");
+            info!(
+                node_id = self.id,
+                first_index = to,
+                applied,
+                "raft log compacted"
+            );
         }
         Ok(())
     }
