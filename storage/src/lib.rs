@@ -25,7 +25,8 @@ mod tables;
 pub use db::{OpenError, open_database};
 pub use fence::{Advance, AdvanceError, FenceRegister, SCOPES_MAX_DEFAULT};
 pub use members::{
-    ANNOUNCE_URL_BYTES_MAX, MEMBER_PEER_BYTES_MAX, MEMBERS_TABLE_ENTRIES_MAX, MemberRecord, MembersError, MembersTable,
+    ANNOUNCE_URL_BYTES_MAX, MEMBER_PEER_BYTES_MAX, MEMBERS_TABLE_ENTRIES_MAX, MemberRecord,
+    MembersError, MembersTable,
 };
 pub use objects::{OBJECT_BYTES_MAX_DEFAULT, Object, ObjectError, ObjectMeta, ObjectStore};
 pub use raftlog::ReadyWrite;
