@@ -73,7 +73,8 @@ build_palisade
 make_workdir
 # The exit trap of lib.sh stops the processes; this one also removes the namespaces and
 # the bridge if the driver could not (it was killed, say).
-trap 'python3 "$HERE/pole_eval.py" cleanup --tag "$POLE_TAG" || true; cleanup' EXIT
+pole_status=0
+trap 'pole_status=$?; python3 "$HERE/pole_eval.py" cleanup --tag "$POLE_TAG" || true; (exit "$pole_status"); cleanup' EXIT
 machine_report
 wait_quiet
 
