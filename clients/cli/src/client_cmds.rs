@@ -61,11 +61,13 @@ pub(crate) struct TokenFlags {
     token: Option<u64>,
     /// The token's proof (base64url, from a node's leader view), sent as
     /// Fencing-Token-Proof, for a proxy run with --token-pub.
+    // A base64url proof may start with `-`: it is a value, never a flag.
     #[arg(
         long,
         env = "PALISADE_TOKEN_PROOF",
         value_name = "BASE64URL",
-        requires = "token"
+        requires = "token",
+        allow_hyphen_values = true
     )]
     proof: Option<String>,
     /// Take the token, its proof and its scope from this node's API (it must be the

@@ -22,7 +22,13 @@ pub(crate) struct FenceArgs {
     advance: Option<u64>,
     /// With --advance: the token's proof (base64url, from a node's leader view), which a
     /// proxy run with --token-pub accepts in place of the admin token.
-    #[arg(long, value_name = "BASE64URL", requires = "advance")]
+    // A base64url proof may start with `-`: it is a value, never a flag.
+    #[arg(
+        long,
+        value_name = "BASE64URL",
+        requires = "advance",
+        allow_hyphen_values = true
+    )]
     proof: Option<String>,
     /// Set the scope's fence to this token, lower included: the audited recovery from a
     /// forged or mistaken raise. Needs --reason and the admin token.

@@ -217,3 +217,36 @@ pub(crate) async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: a proof that starts with `-` (base64url uses `-` and `_`) is taken as the
+    /// value of `--proof`, not as an unknown flag; this failed one run in 64 before.
+    /// Method: parse `fence --advance` and `put` with such a proof.
+    #[test]
+    fn a_proof_starting_with_a_hyphen_is_a_value() {
+        let fence = Cli::try_parse_from([
+            "palisade",
+            "fence",
+            "--advance",
+            "7",
+            "--proof",
+            "-s0me_proof",
+            "--admin",
+            "http://127.0.0.1:1",
+        ]);
+        assert!(fence.is_ok(), "{:?}", fence.err().map(|e| e.to_string()));
+        let put = Cli::try_parse_from([
+            "palisade",
+            "put",
+            "/k",
+            "--token",
+            "7",
+            "--proof",
+            "-s0me_proof",
+        ]);
+        assert!(put.is_ok(), "{:?}", put.err().map(|e| e.to_string()));
+    }
+}
