@@ -27,7 +27,8 @@
 //! - `fleet`: fleet mode (`cluster`): the lease on the cluster's current term, its
 //!   renewal task, and admission under it.
 //! - `stream`: request bodies streamed after admission: size and idle limits, the
-//!   shared body buffer budget, and what a body shares with its forwarding task.
+//!   shared body buffer budget, read-ahead of small bodies, and what a body shares with
+//!   its forward.
 //! - `upstream`: the pooled HTTP(S) client to the upstream: `Host`, `X-Forwarded-For`,
 //!   hop-by-hop headers, trailers.
 //! - `embedded`: the embedded object store served in-process.
