@@ -3,6 +3,9 @@
 //! counted in ticks of the virtual clock, independent of the machine's load.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
+mod wait;
+use wait::wait_until;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,21 +82,6 @@ impl Cluster {
         for (_, node) in self.nodes {
             node.stop().await.unwrap();
         }
-    }
-}
-
-/// Polls `cond` every 10 ms of virtual time until it holds; panics after `within`.
-async fn wait_until<T>(within: Duration, what: &str, mut cond: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = cond() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
