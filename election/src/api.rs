@@ -100,7 +100,7 @@ pub(crate) struct ApiState {
     pub leases: Option<crate::lease::LeaseApi>,
     /// The transport's test faults, only when they are enabled.
     pub faults: Option<Arc<LinkFaults>>,
-    /// The scores the election loop publishes; `None` without `--score-oracle`.
+    /// The scores the election loop publishes; `None` with `--score-oracle off`.
     pub scores: Option<crate::score::SharedScoreView>,
     /// The members the election loop applied.
     pub members: watch::Receiver<MemberList>,

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 
 use palisade_protocol::{DEFAULT_SCOPE, Scope};
 
-use crate::score::{SCORE_HOLD_MS_DEFAULT, SCORE_HOLD_MS_MAX, SCORE_MARGIN_DEFAULT, ScoreOracle};
+use crate::score::{
+    SCORE_HOLD_MS_DEFAULT, SCORE_HOLD_MS_MAX, SCORE_MARGIN_DEFAULT, SCORE_ORACLE_DEFAULT,
+    ScoreOracle,
+};
 use crate::transport::SCORE_ABS_MAX;
 use serde::{Deserialize, Serialize};
 
@@ -17,8 +20,27 @@ pub const TICK_MS_DEFAULT: u64 = 100;
 pub const TICK_MS_MIN: u64 = 1;
 /// Upper bound on the tick period: a minute per tick is certainly a mistake.
 pub const TICK_MS_MAX: u64 = 60_000;
-/// Default election timeout in ticks (randomized by raft in `[n, 2n)`).
-pub const ELECTION_TICKS_DEFAULT: u64 = 10;
+/// Default election timeout in ticks: 5, that is 500 ms at the default 100 ms tick. With
+/// the default score oracle ([`crate::SCORE_ORACLE_DEFAULT`]) the best-ranked follower
+/// campaigns `election_ticks + 1` ticks after the last heartbeat it heard, and the next
+/// ranks a slot of 2 ticks apart after it; with `--score-oracle off`, raft draws the
+/// timeout in `[n, 2n)`.
+///
+/// Why 500 ms is safe: the heartbeat is one tick (100 ms), so a follower must miss five
+/// heartbeats in a row before it may campaign; one lost or late heartbeat, or a
+/// scheduler stall of a few hundred milliseconds, never starts an election. Pre-vote
+/// keeps a follower that only lost touch from raising the term of a healthy cluster,
+/// and a candidate still needs a majority with an up-to-date log, so the timeout only
+/// decides how soon a failure is acted on, never who may win. A spurious election would
+/// cost a term (and a fence advance), not safety. Measured: 10-minute soaks under proxy
+/// load on a busy 2-core machine (`tests/bench/soak_elections.sh`, load average up to 6)
+/// saw no election, and failover against etcd at its defaults dropped from 0.94x to
+/// under 0.5x of etcd's (docs/benchmarks.md, "Failover against etcd").
+///
+/// Why not shorter: check-quorum makes the leader step down after one election timeout
+/// without a quorum's answer, so a timeout of two or three heartbeats would let one
+/// slow fsync round on a loaded machine depose a healthy leader.
+pub const ELECTION_TICKS_DEFAULT: u64 = 5;
 /// Upper bound on the election timeout in ticks.
 pub const ELECTION_TICKS_MAX: u64 = 10_000;
 /// Default heartbeat interval in ticks. One tick keeps followers' election timers far from
@@ -118,8 +140,11 @@ pub struct NodeConfig {
     /// The bound on the time from a proxy's last lease check to the storage applying the
     /// write (`--lease-write-bound-ms`).
     pub lease_write_bound_ms: u64,
-    /// How this node scores itself (`--score-oracle`); `None` (the default): no scores,
-    /// raft's randomized election as without them. See `crate::score`.
+    /// How this node scores itself (`--score-oracle`); the default is
+    /// [`SCORE_ORACLE_DEFAULT`] (`static`: ranks by node id unless `score` is set).
+    /// `None` (`--score-oracle off`, `"off"` in a file): no scores, raft's randomized
+    /// election. See `crate::score`.
+    #[serde(with = "crate::score::setting_serde")]
     pub score_oracle: Option<ScoreOracle>,
     /// The `static` oracle's score (`--score`); higher is better. Within
     /// [`SCORE_ABS_MAX`] of zero.
@@ -167,7 +192,7 @@ impl Default for NodeConfig {
             lease_ms: 0,
             lease_drift_ppm: LEASE_DRIFT_PPM_DEFAULT,
             lease_write_bound_ms: LEASE_WRITE_BOUND_MS_DEFAULT,
-            score_oracle: None,
+            score_oracle: Some(SCORE_ORACLE_DEFAULT),
             score: 0.0,
             score_margin: SCORE_MARGIN_DEFAULT,
             score_hold_ms: SCORE_HOLD_MS_DEFAULT,
@@ -558,18 +583,59 @@ mod tests {
     }
 
     /// Goal: the defaults are the safe ones: `check_quorum` and `pre_vote` on, 100 ms
-    /// ticks, election 10 ticks, heartbeat 1 tick.
-    /// Method: validate the default with the required fields set.
+    /// ticks, election 5 ticks (five heartbeats), heartbeat 1 tick, the `static` oracle
+    /// with raft's range widened for the rank slots; `off` gives raft's own range.
+    /// Method: validate the default with the required fields set; then with the oracle off.
     #[test]
     fn defaults_are_valid_and_safe() {
-        let cfg = valid();
+        let mut cfg = valid();
         cfg.validate().unwrap();
         let raft = cfg.raft_config();
         assert!(raft.check_quorum && raft.pre_vote);
         assert_eq!(
             (cfg.tick_ms, raft.election_tick, raft.heartbeat_tick),
-            (100, 10, 1)
+            (100, 5, 1)
         );
+        assert!(
+            raft.election_tick >= 5 * raft.heartbeat_tick,
+            "five heartbeats per timeout"
+        );
+        assert_eq!(cfg.score_oracle, Some(ScoreOracle::Static));
+        assert_eq!(raft.max_election_tick, 5 + (2 + 2) * 2);
+        cfg.score_oracle = None;
+        cfg.validate().unwrap();
+        assert_eq!(
+            cfg.raft_config().max_election_tick,
+            0,
+            "raft's default, 2x the minimum"
+        );
+    }
+
+    /// Goal: the oracle setting reads and writes `"off"` as no oracle, a name as that
+    /// oracle, a missing key as the default, and an unknown name is refused naming `off`.
+    /// Method: round-trip configurations through JSON.
+    #[test]
+    fn score_oracle_setting_round_trips_with_off() {
+        let mut cfg = valid();
+        for setting in [
+            None,
+            Some(ScoreOracle::StorageRtt),
+            Some(ScoreOracle::Static),
+        ] {
+            cfg.score_oracle = setting;
+            let json = serde_json::to_value(&cfg).unwrap();
+            assert_eq!(json["score_oracle"], ScoreOracle::setting_str(setting));
+            let back: NodeConfig = serde_json::from_value(json).unwrap();
+            assert_eq!(back.score_oracle, setting);
+        }
+        let missing: NodeConfig = serde_json::from_str(r#"{"id": 1}"#).unwrap();
+        assert_eq!(missing.score_oracle, Some(SCORE_ORACLE_DEFAULT));
+        let null: NodeConfig = serde_json::from_str(r#"{"score_oracle": null}"#).unwrap();
+        assert_eq!(null.score_oracle, None);
+        let err = serde_json::from_str::<NodeConfig>(r#"{"score_oracle": "fastest"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fastest") && err.contains("off"), "{err}");
     }
 
     /// Goal: each broken field is named in the error. Method: break one field at a time.

@@ -119,7 +119,7 @@ pub(crate) fn render(p: &NodePage<'_>) -> String {
     match &p.scores {
         None => page.text(
             "muted",
-            "No score oracle on this node (start it with --score-oracle to rank leaders).",
+            "Scores are off on this node (--score-oracle off): raft's randomized election.",
         ),
         Some((oracle, scores)) => {
             page.text(

@@ -11,7 +11,7 @@
 //! scope = "default"
 //! announce = ["http://127.0.0.1:9001"]
 //! tick_ms = 100
-//! election_ticks = 10
+//! election_ticks = 5
 //! heartbeat_ticks = 1
 //! priority = 0
 //! token_key = "/etc/palisade/token.key"      # sign tokens: the leader view gains "proof"
@@ -21,7 +21,7 @@
 //! lease_drift_ppm = 10000                     # clock-rate bound for the release wait
 //! lease_write_bound_ms = 500                  # lease check to storage apply, at most
 //! insecure = false                            # plaintext off loopback (see below)
-//! score_oracle = "static"                     # leaders placed by score (unset: off)
+//! score_oracle = "static"                     # leaders placed by score; "off": raft's random
 //! score = 10.0                                # the static oracle's score; higher is better
 //! score_margin = 0.5                          # scores this close count as equal
 //! score_hold_ms = 3000                        # a better follower waits this long to lead
@@ -85,7 +85,9 @@ pub struct NodeArgs {
     /// Tick period in milliseconds [default: 100].
     #[arg(long, env = "PALISADE_TICK_MS", value_name = "MS")]
     pub tick_ms: Option<u64>,
-    /// Election timeout in ticks (randomized up to twice this) [default: 10].
+    /// Election timeout in ticks [default: 5]. With a score oracle the best-ranked node
+    /// campaigns one tick after it and the others later by rank; with `--score-oracle off`
+    /// raft randomizes it up to twice this.
     #[arg(long, env = "PALISADE_ELECTION_TICKS", value_name = "N")]
     pub election_ticks: Option<u64>,
     /// Heartbeat interval in ticks [default: 1].
@@ -124,11 +126,12 @@ pub struct NodeArgs {
     /// storage applying the write [default: 500].
     #[arg(long, env = "PALISADE_LEASE_WRITE_BOUND_MS", value_name = "MS")]
     pub lease_write_bound_ms: Option<u64>,
-    /// Place leaders by score: how this node scores itself, one of `static` (--score),
-    /// `storage-rtt` (round trip to the --announce proxies), `consensus-latency` (round
-    /// trip to a quorum of peers), `rotating` (the next id after a failed leader). The
-    /// best node campaigns first and a leader hands over to a node that stays better
-    /// [default: none, raft's randomized election].
+    /// Place leaders by score: how this node scores itself, one of `static` (--score;
+    /// with equal scores, the lower id ranks first), `storage-rtt` (round trip to the
+    /// --announce proxies), `consensus-latency` (round trip to a quorum of peers),
+    /// `rotating` (the next id after a failed leader), or `off` (no scores: raft's
+    /// randomized election). The best node campaigns first and a leader hands over to a
+    /// node that stays better [default: static].
     #[arg(long, env = "PALISADE_SCORE_ORACLE", value_name = "ORACLE")]
     pub score_oracle: Option<String>,
     /// The `static` oracle's score; higher is better [default: 0].
@@ -415,11 +418,9 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         args.ca.or(file_tls.ca),
     )?;
     let score_oracle = match args.score_oracle.or(file.score_oracle) {
-        Some(name) => Some(
-            name.parse::<ScoreOracle>()
-                .map_err(|message| ConfigError::new("score_oracle", message))?,
-        ),
-        None => None,
+        Some(name) => ScoreOracle::parse_setting(&name)
+            .map_err(|message| ConfigError::new("score_oracle", message))?,
+        None => defaults.score_oracle,
     };
     let config = NodeConfig {
         id,
@@ -681,7 +682,7 @@ mod tests {
         assert_eq!(c.peers.len(), 2);
         assert_eq!(
             (c.scope.as_str(), c.tick_ms, c.election_ticks),
-            ("default", 100, 10)
+            ("default", 100, 5)
         );
         assert!(c.check_quorum && c.pre_vote);
     }
@@ -730,12 +731,29 @@ mod tests {
         }
     }
 
-    /// Goal: the score settings come from the file and the flags, and bad ones are named.
-    /// Method: a file with an oracle and a score, a flag overriding the score; then an
-    /// unknown oracle, a negative margin, and storage-rtt without proxies.
+    /// Goal: the score settings come from the file and the flags, `static` is the
+    /// default and `off` turns scores off, and bad ones are named.
+    /// Method: no setting, `off` by flag and by file; a file with an oracle and a score,
+    /// a flag overriding the score; then an unknown oracle, a negative margin, and
+    /// storage-rtt without proxies.
     #[test]
     fn score_settings_come_from_file_and_flags() {
         let c = build_config(args()).unwrap();
+        assert_eq!(c.score_oracle, Some(ScoreOracle::Static));
+        let c = build_config(NodeArgs {
+            score_oracle: Some("off".into()),
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(c.score_oracle, None);
+        let off_dir = tempfile::tempdir().unwrap();
+        let off_path = off_dir.path().join("node.toml");
+        std::fs::write(&off_path, "score_oracle = \"off\"\n").unwrap();
+        let c = build_config(NodeArgs {
+            config: Some(off_path),
+            ..args()
+        })
+        .unwrap();
         assert_eq!(c.score_oracle, None);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("node.toml");

@@ -1,6 +1,10 @@
 //! Leaders placed by score: each node scores itself with an oracle, shares the score with
 //! its peers, and the scores decide who campaigns first and when a leader hands over.
 //!
+//! Scores are on by default ([`SCORE_ORACLE_DEFAULT`], `static`: every node scores its
+//! `--score`, 0 unless set, so ranks go by node id); `--score-oracle off`
+//! ([`SCORE_ORACLE_OFF`]) turns them off for raft's randomized election.
+//!
 //! Raft still decides who may win (pre-vote, an up-to-date log, a majority); scores only
 //! change timing and raft's own leadership transfer:
 //!
@@ -28,7 +32,7 @@
 //!   `--score-hold-ms`. Scores moving within the margin never transfer.
 //!
 //! # Layout
-//! - `mod.rs` (this file): [`ScoreOracle`], the limits and defaults.
+//! - `mod.rs` (this file): [`ScoreOracle`], its default and `off`, the limits and defaults.
 //! - `order`: the order of scores with the margin, and a node's rank.
 //! - `timeout`: the election timeout of a rank.
 //! - `rtt`: round-trip samples and their median; θc for `consensus-latency`.
@@ -87,6 +91,74 @@ impl ScoreOracle {
         Self::ConsensusLatency,
         Self::Rotating,
     ];
+}
+
+impl ScoreOracle {
+    /// Parses a `--score-oracle` value: an oracle's name, or [`SCORE_ORACLE_OFF`] for no
+    /// oracle (raft's randomized election), which is `None`.
+    ///
+    /// # Errors
+    /// A message naming the value and every accepted one.
+    pub fn parse_setting(s: &str) -> Result<Option<Self>, String> {
+        if s == SCORE_ORACLE_OFF {
+            return Ok(None);
+        }
+        s.parse::<Self>().map(Some).map_err(|_| {
+            let names: Vec<&str> = Self::ALL.iter().map(|o| o.as_str()).collect();
+            format!(
+                "unknown score oracle {s:?}; expected one of {}, or {SCORE_ORACLE_OFF}",
+                names.join(", ")
+            )
+        })
+    }
+
+    /// The `--score-oracle` spelling of a setting: the oracle's name, or
+    /// [`SCORE_ORACLE_OFF`].
+    pub fn setting_str(setting: Option<Self>) -> &'static str {
+        setting.map_or(SCORE_ORACLE_OFF, Self::as_str)
+    }
+}
+
+/// The `--score-oracle` value (and config value) that turns scores off: no oracle, no
+/// score frames, and raft's randomized election timeout in `[election_ticks, 2 *
+/// election_ticks)`, which is what the score-based election is measured against.
+pub const SCORE_ORACLE_OFF: &str = "off";
+
+/// The default `--score-oracle`: `static`, which with every node at the default
+/// `--score 0` ranks nodes by id (the lowest id campaigns first, the next one a rank slot
+/// later). That takes raft's random draw out of a failover: the best-ranked follower
+/// campaigns exactly `election_ticks + SCORE_LEASE_GRACE_TICKS` ticks after the last
+/// heartbeat it heard and wins without a split vote, so the failover time is the
+/// election timeout plus a round of votes, not a random 1x to 2x of it. Equal scores
+/// never move leadership (a resignation needs a lead of more than the margin), so the
+/// default never transfers on its own.
+pub const SCORE_ORACLE_DEFAULT: ScoreOracle = ScoreOracle::Static;
+
+/// Serde of the optional oracle of a configuration: `"off"` (or null) is `None`, any other
+/// value an oracle's name; `None` is written as `"off"`, so a written configuration reads
+/// back as the same setting even though the default is an oracle.
+pub(crate) mod setting_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::ScoreOracle;
+
+    // serde's `with` fixes this signature.
+    #[allow(clippy::ref_option, clippy::trivially_copy_pass_by_ref)]
+    pub(crate) fn serialize<S: Serializer>(
+        setting: &Option<ScoreOracle>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(ScoreOracle::setting_str(*setting))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<ScoreOracle>, D::Error> {
+        match Option::<String>::deserialize(deserializer)? {
+            None => Ok(None),
+            Some(name) => ScoreOracle::parse_setting(&name).map_err(serde::de::Error::custom),
+        }
+    }
 }
 
 impl std::fmt::Display for ScoreOracle {

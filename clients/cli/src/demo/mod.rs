@@ -403,7 +403,7 @@ impl Demo {
         let oracle = view
             .as_ref()
             .and_then(|v| v.score_oracle.clone())
-            .unwrap_or_else(|| "none".to_owned());
+            .unwrap_or_else(|| palisade_election::SCORE_ORACLE_OFF.to_owned());
         let scores = view.and_then(|v| v.scores).unwrap_or_default();
         let ids: Vec<u64> = self.cluster.ids();
         for id in ids {
