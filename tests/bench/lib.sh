@@ -164,6 +164,19 @@ start_upstream() {
 # connections to the upstream.
 start_nginx_proxy() {
   local port="$1" up="$2" workers="$3" cpus="${4:-}" conf="$BENCH_WORK/nginx-proxy-$1.conf"
+  nginx_proxy_conf "$conf" "$port" "$up" "$workers"
+  if [ -n "$cpus" ]; then
+    spawn "nginx-proxy-$port" taskset -c "$cpus" nginx -c "$conf" -p "$BENCH_WORK"
+  else
+    spawn "nginx-proxy-$port" nginx -c "$conf" -p "$BENCH_WORK"
+  fi
+  wait_for_http "http://127.0.0.1:$port/"
+}
+
+# nginx_proxy_conf FILE PORT UPSTREAM_PORT WORKERS: the configuration start_nginx_proxy
+# runs.
+nginx_proxy_conf() {
+  local conf="$1" port="$2" up="$3" workers="$4"
   nginx_conf "$conf" "$workers" "    upstream backend {
         server 127.0.0.1:$up;
         keepalive 256;
@@ -177,12 +190,6 @@ start_nginx_proxy() {
             proxy_set_header Connection \"\";
         }
     }"
-  if [ -n "$cpus" ]; then
-    spawn "nginx-proxy-$port" taskset -c "$cpus" nginx -c "$conf" -p "$BENCH_WORK"
-  else
-    spawn "nginx-proxy-$port" nginx -c "$conf" -p "$BENCH_WORK"
-  fi
-  wait_for_http "http://127.0.0.1:$port/"
 }
 
 # start_palisade_proxy NAME PORT ADMIN_PORT THREADS [CPUS] [--upstream URL ...]: a
@@ -210,6 +217,18 @@ cpu_ticks() {
     total=$((total + $(echo "$fields" | awk '{print $12 + $13}')))
   done
   echo "$total"
+}
+
+# cpu_ticks_split PID...: user and system CPU time of the processes, in clock ticks, as
+# "USER SYSTEM".
+cpu_ticks_split() {
+  local user=0 system=0 pid fields
+  for pid in "$@"; do
+    fields="$(sed 's/^.*) //' "/proc/$pid/stat")"
+    user=$((user + $(echo "$fields" | awk '{print $12}')))
+    system=$((system + $(echo "$fields" | awk '{print $13}')))
+  done
+  echo "$user $system"
 }
 
 # group_pids PGID: every process of a group started by spawn (nginx: master and workers).

@@ -10,10 +10,28 @@
 # CPU 1 (taskset), so the proxies never compete with them; with 2 threads nothing is
 # pinned. `palisade bench` is the load generator for every target.
 #
+# CPU time per request is read from /proc/PID/stat around each measured run, split into
+# user and system time: both proxies make the same socket calls per request (two reads,
+# two writes), so the system time is a floor they share, and the user time is where they
+# differ.
+#
+# BASELINE_BIN=PATH adds a fourth target, "before": a second palisade binary (say, the
+# release build of an older commit) measured in the same rounds, for a before/after
+# table from one run.
+#
+# BENCH_COUNTS=1 measures what does not depend on the machine's load instead:
+# instructions per request in user space (valgrind callgrind; the difference between a
+# run of COUNT_FEW and one of COUNT_MANY requests, which divides out start-up), for
+# nginx (one worker, no master process), palisade (one worker thread) and, with
+# BASELINE_BIN, the baseline; 8 connections.
+#
 # Environment (defaults): BENCH_THREADS ("1 2"), BENCH_ROUNDS (5), BENCH_DURATION (4 s),
 # BENCH_WARMUP (1 s), BENCH_CONNECTIONS (32), BENCH_BODY_BYTES (1024), BENCH_DIR
-# (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0 s: how long to wait for a quiet machine).
-# Default run time: about 3 minutes plus the build.
+# (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0 s: how long to wait for a quiet machine),
+# BASELINE_BIN (none), BENCH_COUNTS (0), COUNT_FEW (1000), COUNT_MANY (6000),
+# COUNT_REPEATS (3).
+# Default run time: about 3 minutes plus the build (4 with BASELINE_BIN); with
+# BENCH_COUNTS=1 about 8.
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
 
@@ -28,6 +46,12 @@ TOKEN=1
 need nginx nginx
 need taskset util-linux
 need python3 python3
+if [ -n "${BASELINE_BIN:-}" ] && [ ! -x "$BASELINE_BIN" ]; then
+  die "BASELINE_BIN=$BASELINE_BIN is not an executable"
+fi
+if [ "${BENCH_COUNTS:-0}" = 1 ]; then
+  need valgrind valgrind
+fi
 build_palisade
 make_workdir
 machine_report
@@ -37,12 +61,87 @@ TICK_HZ="$(getconf CLK_TCK)"
 RESULTS="$BENCH_WORK/results.jsonl"
 : >"$RESULTS"
 
+# counted NAME KIND BINARY REQUESTS: a proxy (KIND nginx or palisade) under callgrind in
+# front of the upstream on $up_port, serving REQUESTS PUTs from 8 connections; prints the
+# instructions callgrind collected.
+counted() {
+  local name="$1" kind="$2" bin="$3" n="$4" port admin pid conf
+  port="$(free_port)"
+  case "$kind" in
+    nginx)
+      conf="$BENCH_WORK/$name.conf"
+      nginx_proxy_conf "$conf" "$port" "$up_port" 1
+      # One process: the worker's instructions are the proxy's.
+      sed -i '1i master_process off;' "$conf"
+      spawn "$name" valgrind --tool=callgrind --dump-instr=no \
+        --callgrind-out-file="$BENCH_WORK/$name.callgrind" nginx -c "$conf" -p "$BENCH_WORK"
+      pid="$SPAWNED"
+      wait_for_http "http://127.0.0.1:$port/" 120
+      ;;
+    palisade)
+      admin="$(free_port)"
+      spawn "$name" env PALISADE_WORKER_THREADS=1 valgrind --tool=callgrind --dump-instr=no \
+        --callgrind-out-file="$BENCH_WORK/$name.callgrind" "$bin" proxy \
+        --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
+        --data-dir "$BENCH_WORK/$name-data" --upstream "http://127.0.0.1:$up_port"
+      pid="$SPAWNED"
+      wait_for_line "$BENCH_WORK/$name.out" "palisade proxy listening on" 120
+      curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
+        "http://127.0.0.1:$admin/v1/fences/default" >/dev/null || die "cannot set the fence of $name"
+      ;;
+  esac
+  taskset -c 1 env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
+    --url "http://127.0.0.1:$port/bench" --method PUT --body-bytes "$BODY_BYTES" \
+    --token "$TOKEN" --connections 8 --requests "$n" --json >/dev/null
+  # valgrind runs the program in its own process: signal the group's members so the
+  # tool writes its totals as the proxy exits (nginx stops gracefully on QUIT).
+  case "$kind" in
+    nginx) kill -QUIT "$pid" ;;
+    palisade) kill -TERM "$pid" ;;
+  esac
+  wait "$pid" 2>/dev/null || true
+  awk '/Collected :/ {gsub(",", "", $4); print $4}' "$BENCH_WORK/$name.err"
+}
+
+if [ "${BENCH_COUNTS:-0}" = 1 ]; then
+  few="${COUNT_FEW:-1000}"
+  many="${COUNT_MANY:-6000}"
+  # How the requests interleave (how many are ready per wake-up) moves a count by a few
+  # percent from one pair of runs to the next, so each is repeated and the median given.
+  repeats="${COUNT_REPEATS:-3}"
+  up_port="$(free_port)"
+  start_upstream "$up_port" 1
+  up_pid="$SPAWNED"
+  counts=("nginx nginx" "palisade $PALISADE")
+  [ -n "${BASELINE_BIN:-}" ] && counts+=("before $BASELINE_BIN")
+  echo
+  echo "user-space instructions per request, from the difference of $few and $many requests;"
+  echo "8 connections, PUT $BODY_BYTES B with an equal token, one worker"
+  echo
+  echo "| proxy | instructions per request (median) | each repetition |"
+  echo "|---|---|---|"
+  for t in "${counts[@]}"; do
+    read -r name bin <<<"$t"
+    kind=palisade
+    [ "$name" = nginx ] && kind=nginx
+    per=()
+    for rep in $(seq "$repeats"); do
+      i1="$(counted "$name-few-$rep" "$kind" "$bin" "$few")"
+      i2="$(counted "$name-many-$rep" "$kind" "$bin" "$many")"
+      per+=($(((i2 - i1) / (many - few))))
+    done
+    echo "| $name | $(printf '%s\n' "${per[@]}" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}') | ${per[*]} |"
+  done
+  stop "$up_pid"
+  exit 0
+fi
+
 # one_run TARGET THREADS URL CLIENT_CPUS PIDS...: one measured run; appends a JSON line
 # with the client's report and the server-side CPU time per request.
 one_run() {
   local target="$1" threads="$2" url="$3" cpus="$4"
   shift 4
-  local before after out
+  local out
   local client=(env PALISADE_WORKER_THREADS=1 "$PALISADE" bench --url "$url" --method PUT
     --body-bytes "$BODY_BYTES" --token "$TOKEN" --connections "$CONNECTIONS" --json)
   if [ -n "$cpus" ]; then
@@ -51,15 +150,18 @@ one_run() {
   # Warm-up as a separate run, so the CPU time read around the measured run belongs to
   # the measured requests alone.
   "${client[@]}" --duration "$WARMUP" >/dev/null
-  before="$(cpu_ticks "$@")"
+  local round="$ROUND" u0 s0 u1 s1
+  read -r u0 s0 <<<"$(cpu_ticks_split "$@")"
   out="$("${client[@]}" --duration "$DURATION")"
-  after="$(cpu_ticks "$@")"
-  python3 - "$target" "$threads" "$((after - before))" "$TICK_HZ" "$out" >>"$RESULTS" <<'EOF'
+  read -r u1 s1 <<<"$(cpu_ticks_split "$@")"
+  python3 - "$target" "$threads" "$((u1 - u0))" "$((s1 - s0))" "$TICK_HZ" "$round" "$out" >>"$RESULTS" <<'EOF'
 import json, sys
-target, threads, ticks, hz, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+target, threads, user, system, hz, rnd, out = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+    int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
 r = json.loads(out)
-r.update(target=target, threads=threads, cpu_ticks=ticks,
-         cpu_us_per_req=(ticks / hz * 1e6 / r["answered"]) if r["answered"] else None)
+per = lambda ticks: (ticks / hz * 1e6 / r["answered"]) if r["answered"] else None
+r.update(target=target, threads=threads, round=rnd, cpu_ticks=user + system,
+         cpu_us_per_req=per(user + system), user_us_per_req=per(user), system_us_per_req=per(system))
 print(json.dumps(r))
 l = r["latency_us"]
 print(f"  {target:<9} {threads}t {r['rps']:>9.0f} req/s  p50 {l['p50'] / 1000:.3f} ms  "
@@ -96,16 +198,31 @@ for threads in $THREADS; do
     "http://127.0.0.1:$pal_admin/v1/fences/default" >/dev/null
   log "$threads thread(s): upstream :$up_port, nginx :$nginx_port (pids ${nginx_all[*]}), palisade :$pal_port (pid $pal_pid, $(awk '/^Threads:/ {print $2}' "/proc/$pal_pid/status") threads)"
 
+  targets="direct nginx palisade"
+  if [ -n "${BASELINE_BIN:-}" ]; then
+    before_port="$(free_port)"
+    before_admin="$(free_port)"
+    PALISADE="$BASELINE_BIN" start_palisade_proxy "before-$threads" "$before_port" "$before_admin" \
+      "$threads" "$proxy_cpus" --upstream "http://127.0.0.1:$up_port"
+    before_group="$SPAWNED"
+    before_pid="$(pgrep -g "$before_group" -x "$(basename "$BASELINE_BIN")")"
+    curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
+      "http://127.0.0.1:$before_admin/v1/fences/default" >/dev/null
+    targets="direct nginx before palisade"
+    log "baseline: $BASELINE_BIN on :$before_port (pid $before_pid)"
+  fi
   for round in $(seq "$ROUNDS"); do
     log "round $round of $ROUNDS, $threads thread(s)"
+    ROUND="$round"
     # Alternate the order every round, so a drift in the machine's speed hits all alike.
     if [ $((round % 2)) = 1 ]; then
-      order="direct nginx palisade"
+      order="$targets"
     else
-      order="palisade nginx direct"
+      order="$(echo "$targets" | tr ' ' '\n' | tac | tr '\n' ' ')"
     fi
     for target in $order; do
       case "$target" in
+        before) one_run before "$threads" "http://127.0.0.1:$before_port/bench" "$side_cpus" "$before_pid" ;;
         direct) one_run direct "$threads" "http://127.0.0.1:$up_port/bench" "$side_cpus" "${up_all[@]}" ;;
         nginx) one_run nginx "$threads" "http://127.0.0.1:$nginx_port/bench" "$side_cpus" "${nginx_all[@]}" ;;
         palisade) one_run palisade "$threads" "http://127.0.0.1:$pal_port/bench" "$side_cpus" "$pal_pid" ;;
@@ -138,6 +255,7 @@ print(json.dumps({"threads": t, "equal_requests": eq["answered"], "equal_write_b
 EOF
   log "disk I/O: $(tail -1 "$BENCH_WORK/io.jsonl")"
   stop "$pal_group"
+  [ -n "${BASELINE_BIN:-}" ] && stop "$before_group"
   stop "$nginx_pid"
   stop "$up_pid"
 done
@@ -149,26 +267,43 @@ io = [json.loads(l) for l in open(sys.argv[2])]
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else float("nan")
+targets = [t for t in ("direct", "nginx", "before", "palisade") if any(r["target"] == t for r in rows)]
+threads = sorted({r["threads"] for r in rows})
 print(f"\nproxy benchmark: {sys.argv[3]} cores, {rows[0]['connections']} connections, "
-      f"PUT {rows[0]['body_bytes']} B, equal token; medians of {len(rows) // 3 // len({r['threads'] for r in rows})} rounds\n")
-print("| threads | target | req/s | p50 ms | p99 ms | CPU µs/req | non-2xx | errors |")
-print("|---|---|---|---|---|---|---|---|")
+      f"PUT {rows[0]['body_bytes']} B, equal token; medians of {len(rows) // len(targets) // len(threads)} rounds\n")
+print("| threads | target | req/s | p50 ms | p99 ms | CPU µs/req | user | system | non-2xx | errors |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 summary = {}
-for t in sorted({r["threads"] for r in rows}):
-    for target in ("direct", "nginx", "palisade"):
+for t in threads:
+    for target in targets:
         rs = [r for r in rows if r["threads"] == t and r["target"] == target]
         m = dict(rps=med([r["rps"] for r in rs]), p50=med([r["latency_us"]["p50"] for r in rs]) / 1000,
                  p99=med([r["latency_us"]["p99"] for r in rs]) / 1000,
                  cpu=med([r["cpu_us_per_req"] for r in rs]),
+                 user=med([r["user_us_per_req"] for r in rs]),
+                 system=med([r["system_us_per_req"] for r in rs]),
                  non2xx=sum(r["non_2xx"] for r in rs), errors=sum(r["errors"] for r in rs))
         summary[(t, target)] = m
-        cpu = "" if target == "direct" else f"{m['cpu']:.1f}"
+        cpu = "| | " if target == "direct" else f"{m['cpu']:.1f} | {m['user']:.1f} | {m['system']:.1f}"
         print(f"| {t} | {target} | {m['rps']:.0f} | {m['p50']:.3f} | {m['p99']:.3f} | {cpu} | {m['non2xx']} | {m['errors']} |")
-print("\n| threads | palisade/nginx req/s | p50 | p99 | CPU per request |")
-print("|---|---|---|---|---|")
-for t in sorted({r["threads"] for r in rows}):
-    p, n = summary[(t, "palisade")], summary[(t, "nginx")]
-    print(f"| {t} | {p['rps'] / n['rps']:.2f} | {p['p50'] / n['p50']:.2f} | {p['p99'] / n['p99']:.2f} | {p['cpu'] / n['cpu']:.2f} |")
+
+def per_round(t, a, b, key):
+    # The ratio within each round (both measured back to back), then its median.
+    out = []
+    for rnd in sorted({r["round"] for r in rows if r["threads"] == t}):
+        x = [r[key] for r in rows if r["threads"] == t and r["round"] == rnd and r["target"] == a]
+        y = [r[key] for r in rows if r["threads"] == t and r["round"] == rnd and r["target"] == b]
+        if x and y and x[0] and y[0]:
+            out.append(x[0] / y[0])
+    return med(out)
+
+for a, b in [("palisade", "nginx")] + ([("before", "nginx"), ("palisade", "before")] if "before" in targets else []):
+    print(f"\n| threads | {a}/{b} req/s | p50 | p99 | CPU per request (medians) | CPU per request (median of per-round ratios) |")
+    print("|---|---|---|---|---|---|")
+    for t in threads:
+        p, n = summary[(t, a)], summary[(t, b)]
+        print(f"| {t} | {p['rps'] / n['rps']:.2f} | {p['p50'] / n['p50']:.2f} | {p['p99'] / n['p99']:.2f} | "
+              f"{p['cpu'] / n['cpu']:.2f} | {per_round(t, a, b, 'cpu_us_per_req'):.2f} |")
 print("\n| threads | equal-token requests | write_bytes | syscw | advancing requests (control) | write_bytes | syscw |")
 print("|---|---|---|---|---|---|---|")
 for r in io:
