@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Failover, side by side: a 3-node palisade cluster (with a proxy the nodes announce to)
-# and a 3-member etcd cluster, with the same heartbeat (100 ms) and election timeout
-# (1000 ms, randomized by both up to twice that), which are each one's defaults, and
-# pre-vote on in both (palisade's default; etcd 3.4's default is off). Each trial
+# and a 3-member etcd cluster, each at its own default timing: the same heartbeat
+# (100 ms); palisade's election timeout of 500 ms (5 ticks) with its default score
+# ranking (`static`: the best-ranked follower campaigns one tick after the timeout, the
+# others a rank slot later each), etcd's of 1000 ms randomized up to twice that; pre-vote
+# on in both (palisade's default; etcd 3.4's default is off). Each trial
 # pauses the leader with SIGSTOP and times, from the signal:
 #   palisade (`palisade bench failover`): a new leader is elected; its token is at the
 #            proxy (GET /v1/fences/default rose: the paused leader's writes are refused);
@@ -15,7 +17,7 @@
 # split into this many alternating blocks), BENCH_SETTLE_MS (1000), BENCH_POLL_MS (10),
 # BENCH_DIR (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0), BENCH_NO_BUILD (0).
 # BENCH_PALISADE_ARGS (none): flags for every palisade node, space-separated, each as
-# --flag=value (e.g. "--score-oracle=static --election-ticks=5"). With it, the palisade
+# --flag=value (e.g. "--score-oracle=off --election-ticks=10", the old defaults). With it, the palisade
 # side is run by pole_eval.py's `failover` (which times the same moments the same way
 # and starts `palisade node` with exactly these flags, everything else at the node's
 # defaults) instead of `palisade bench failover`; etcd is unchanged. That is how
@@ -29,9 +31,12 @@ BLOCKS="${BENCH_BLOCKS:-2}"
 SETTLE_MS="${BENCH_SETTLE_MS:-1000}"
 POLL_MS="${BENCH_POLL_MS:-10}"
 HEARTBEAT_MS=100
+# etcd's default election timeout.
 ELECTION_MS=1000
-# Palisade counts in ticks: 100 ms ticks, heartbeat 1 tick, election 10 ticks.
+# Palisade counts in ticks, at its defaults: 100 ms ticks, heartbeat 1 tick, election 5
+# ticks (`palisade bench failover` names each, so they are given here explicitly).
 TICK_MS=100
+PALISADE_ELECTION_TICKS=5
 # Longest one block may take, in seconds: a trial takes about 3 s.
 BLOCK_BUDGET_S=$((TRIALS * 6 / BLOCKS + 30))
 
@@ -61,7 +66,7 @@ for block in $(seq "$BLOCKS"); do
   else
     spawn "palisade-$block" timeout -s TERM -k 10 "$((BLOCK_BUDGET_S + 30))" \
       "$PALISADE" bench failover --trials "$per_block" --tick-ms "$TICK_MS" \
-      --heartbeat-ticks $((HEARTBEAT_MS / TICK_MS)) --election-ticks $((ELECTION_MS / TICK_MS)) \
+      --heartbeat-ticks $((HEARTBEAT_MS / TICK_MS)) --election-ticks "$PALISADE_ELECTION_TICKS" \
       --poll-ms "$POLL_MS" --settle-ms "$SETTLE_MS" --budget-s "$BLOCK_BUDGET_S" --json
   fi
   wait "$SPAWNED" || die "palisade failover block $block failed: $(tail -5 "$BENCH_WORK/palisade-$block.err")"
@@ -90,7 +95,8 @@ def row(name, values):
     m = statistics.median(v)
     return f"| {name} | {len(v)} | {m:.0f} | {min(v):.0f} | {max(v):.0f} |", m
 print(f"\nfailover benchmark: {sys.argv[3]} cores, 3 nodes each, heartbeat 100 ms, "
-      f"election timeout 1000 ms, leader paused with SIGSTOP\n"
+      f"election timeout: palisade's default 500 ms (score-ranked), etcd's 1000 ms; "
+      f"leader paused with SIGSTOP\n"
       f"palisade node flags: {flags}\n")
 print("| moment (from SIGSTOP) | trials | median ms | min ms | max ms |")
 print("|---|---|---|---|---|")

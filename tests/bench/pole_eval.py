@@ -243,7 +243,11 @@ class Procs:
 def config_flags(config, i, sites, proxy_site):
     """The node flags of one election configuration."""
     if config == "default":
+        # The node's defaults: the static oracle with every score 0, so ranks go by id.
         return []
+    if config == "off":
+        # raft's randomized election at the same tick settings.
+        return ["--score-oracle", "off"]
     if config == "static":
         # The operator's number: the closer the node's site to the proxy, the higher.
         score = round(1000 - rtt(sites[i - 1], proxy_site) * 10)
@@ -549,11 +553,12 @@ def print_table(results, layouts, configs, proxy_site):
                   f"{fmt(med(r['after']['p99_ms'] for r in rs), 2)} | "
                   f"{sum(max(0, len(r[w]['tokens']) - 1) for r in rs for w in ('before', 'after'))} |")
     for n in layouts:
-        d = summary.get((n, "default"))
         s = summary.get((n, "storage-rtt"))
-        if d and s and None not in d + s and s[0] > 0:
-            print(f"\n{n} nodes: default/storage-rtt mean latency {d[0] / s[0]:.1f}x; "
-                  f"recovery storage-rtt/default {s[1] / d[1]:.2f}")
+        for base in ("off", "default"):
+            d = summary.get((n, base))
+            if d and s and None not in d + s and s[0] > 0:
+                print(f"\n{n} nodes: {base}/storage-rtt mean latency {d[0] / s[0]:.1f}x; "
+                      f"recovery storage-rtt/{base} {s[1] / d[1]:.2f}")
 
 
 def cmd_worker(args):
@@ -772,7 +777,8 @@ def main():
     e.add_argument("--net", choices=["netem", "relay"], default="netem",
                    help="how the wide area is emulated (see NetemTopo, RelayTopo)")
     e.add_argument("--layouts", default="3,5")
-    e.add_argument("--configs", default="default,storage-rtt,consensus-latency,rotating,static")
+    e.add_argument("--configs",
+                   default="off,default,storage-rtt,consensus-latency,rotating,static")
     e.add_argument("--proxy-site", default="slac", choices=["slac", "caltech", "fnal"])
     e.add_argument("--trials", type=int, default=5)
     e.add_argument("--warm-s", type=float, default=6.0)

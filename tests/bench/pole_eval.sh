@@ -5,7 +5,9 @@
 # paper's 5-node layout (Fig. 5, Deployment 2: 1 and 2 at caltech, 3 at fnal, 4 and 5 at
 # slac), the proxy "near" one site (slac by default: its round trip to a node is that
 # site's). Each node's worker writes through the proxy while its node leads. Measured per
-# election configuration (raft's default election and each score oracle): the write
+# election configuration (`off`: raft's randomized election; `default`: the node's
+# defaults, the static oracle with every score 0, ranking by id; and each score oracle
+# set for the layout): the write
 # latency of the leader's worker (mean, p99), and the recovery time after a SIGKILL of
 # the leader (until the first write with the new token is admitted). Details in
 # pole_eval.py's docstring.
@@ -17,12 +19,12 @@
 # "skipped" and exits 0.
 #
 # Environment (defaults): POLE_LAYOUTS (3,5), POLE_CONFIGS
-# (default,storage-rtt,consensus-latency,rotating,static), POLE_PROXY_SITE (slac),
+# (off,default,storage-rtt,consensus-latency,rotating,static), POLE_PROXY_SITE (slac),
 # POLE_TRIALS (5), POLE_WARM_S (6: past the default score hold of 3 s, so that a
 # resignation to the best node has happened), POLE_MEASURE_S (6), POLE_INTERVAL_MS (20),
 # POLE_NODE_ARGS (extra flags for every node, space-separated), BENCH_DIR (/var/tmp),
 # BENCH_KEEP (0), BENCH_QUIET_WAIT (0).
-# Run time: about 23 s per trial (5 configurations x 2 layouts x 5 trials: about 20
+# Run time: about 23 s per trial (6 configurations x 2 layouts x 5 trials: about 23
 # minutes) plus the build.
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
@@ -90,7 +92,7 @@ log "commit $(git -C "$BENCH_ROOT" rev-parse --short HEAD), $(uptime | sed 's/.*
 spawn eval python3 "$HERE/pole_eval.py" eval --bin "$PALISADE" --work "$BENCH_WORK" \
   --net "$POLE_NET" --tag "$POLE_TAG" --subnet "$POLE_SUBNET" --upstream-port "$UPSTREAM_PORT" \
   --layouts "${POLE_LAYOUTS:-3,5}" \
-  --configs "${POLE_CONFIGS:-default,storage-rtt,consensus-latency,rotating,static}" \
+  --configs "${POLE_CONFIGS:-off,default,storage-rtt,consensus-latency,rotating,static}" \
   --proxy-site "${POLE_PROXY_SITE:-slac}" --trials "${POLE_TRIALS:-5}" \
   --warm-s "${POLE_WARM_S:-6}" --measure-s "${POLE_MEASURE_S:-6}" \
   --interval-ms "${POLE_INTERVAL_MS:-20}" --out "$BENCH_WORK/results.json" "${node_args[@]}"
