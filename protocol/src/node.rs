@@ -91,13 +91,13 @@ pub struct LeaderView {
     /// (every proxy accepted it, or the release wait passed). Absent with leases off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released: Option<bool>,
-    /// With `--score-oracle`: the scores this node knows and considers fresh, its own
-    /// included, by node id (`{"1": 20.0, "2": 10.5}`); higher is better. Absent without
-    /// an oracle.
+    /// With a score oracle (the default, `static`): the scores this node knows and
+    /// considers fresh, its own included, by node id (`{"1": 20.0, "2": 10.5}`); higher
+    /// is better. Absent with `--score-oracle off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scores: Option<BTreeMap<String, f64>>,
-    /// With `--score-oracle`: its name (`static`, `storage-rtt`, `consensus-latency`,
-    /// `rotating`). Absent without an oracle.
+    /// With a score oracle: its name (`static`, `storage-rtt`, `consensus-latency`,
+    /// `rotating`). Absent with `--score-oracle off`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub score_oracle: Option<String>,
 }
