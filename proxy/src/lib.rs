@@ -29,8 +29,9 @@
 //! - `stream`: request bodies streamed after admission: size and idle limits, the
 //!   shared body buffer budget, read-ahead of small bodies, and what a body shares with
 //!   its forward.
-//! - `upstream`: the pooled HTTP(S) client to the upstream: `Host`, `X-Forwarded-For`,
-//!   hop-by-hop headers, trailers.
+//! - `upstream`: forwarding to the HTTP(S) upstream: `Host`, `X-Forwarded-For`,
+//!   hop-by-hop headers, trailers, upgrades; `upstream::pool` is its connection pool
+//!   (idle HTTP/1 connections on a stack, or one shared HTTP/2 connection).
 //! - `embedded`: the embedded object store served in-process.
 //! - `admin`: the admin API on axum (fences, advance, reset, metrics, health), served by
 //!   the protocol crate's control-plane accept loop.

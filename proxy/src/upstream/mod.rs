@@ -1,19 +1,25 @@
-//! Where admitted requests go: an HTTP(S) upstream through a pooled client, or the
-//! embedded object store in-process.
+//! Where admitted requests go: an HTTP(S) upstream through the proxy's own connection
+//! pool ([`pool`]), or the embedded object store in-process.
+//!
+//! The request head is prepared once per request with as little work as the common case
+//! allows: the client's origin-form URI goes on unchanged when the upstream URL has no
+//! base path, and hop-by-hop headers are found by comparing names, not by parsing.
+
+mod pool;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use http::uri::PathAndQuery;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, Uri, header};
+use http::uri::{PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::sync::Semaphore;
+
+use self::pool::{Checkout, Pool, PooledBody, Sender};
 
 use crate::StartError;
 use crate::body::ProxyBody;
@@ -50,13 +56,19 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// An HTTP(S) upstream.
 pub(crate) struct HttpUpstream {
-    client: Client<HttpsConnector<HttpConnector>, RequestBody>,
+    /// Its connections.
+    pool: Arc<Pool>,
     /// Scheme and authority of the base URL.
-    scheme: http::uri::Scheme,
+    scheme: Scheme,
     authority: http::uri::Authority,
     /// `Host` for `upstream_host = "upstream"`: the base URL's authority. `None` (the
     /// default, `"client"`): the client's `Host` is forwarded unchanged.
     host: Option<HeaderValue>,
+    /// `Host` for a request that has none at all (an HTTP/1.0 client): the upstream's
+    /// host, with its port unless it is the scheme's default.
+    fallback_host: HeaderValue,
+    /// The request target of a `CONNECT`: the upstream's authority.
+    connect_target: Uri,
     /// `trusted_proxies`: peers whose `X-Forwarded-For` is appended to.
     trusted_proxies: Vec<IpAddr>,
     /// Path of the base URL without a trailing slash ("" for the root).
@@ -71,7 +83,7 @@ pub(crate) struct HttpUpstream {
 }
 
 impl HttpUpstream {
-    /// Builds the pooled client for `config.upstream`.
+    /// Builds the connection pool for `config.upstream`.
     /// The URL was checked by [`ProxyConfig::validate`]; a URL that still does not parse
     /// is a configuration error naming `upstream`.
     pub(crate) fn new(base: &str, config: &ProxyConfig) -> Result<Self, StartError> {
@@ -79,35 +91,44 @@ impl HttpUpstream {
         let uri: Uri = base
             .parse()
             .map_err(|e: http::uri::InvalidUri| bad_url(base, &e))?;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_millis(
-            limits.upstream_connect_timeout_ms,
-        )));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls::client_config(config.upstream_ca.as_deref())?)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(limits.upstream_idle_per_host)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
         let parts = uri.into_parts();
         let authority = parts.authority.ok_or_else(|| bad_url(base, &"no host"))?;
+        let scheme = parts.scheme.unwrap_or(Scheme::HTTP);
         let host = match config.upstream_host {
             UpstreamHost::Client => None,
             UpstreamHost::Upstream => {
                 Some(HeaderValue::from_str(authority.as_str()).map_err(|e| bad_url(base, &e))?)
             }
         };
+        let default_port = if scheme == Scheme::HTTPS { 443 } else { 80 };
+        let fallback_host = match authority.port_u16() {
+            Some(port) if port != default_port => HeaderValue::from_str(authority.as_str()),
+            _ => HeaderValue::from_str(authority.host()),
+        }
+        .map_err(|e| bad_url(base, &e))?;
+        let connect_target = Uri::try_from(authority.as_str()).map_err(|e| bad_url(base, &e))?;
+        let tls = if scheme == Scheme::HTTPS {
+            tls::client_config(config.upstream_ca.as_deref())?
+        } else {
+            // Unused for `http://`; an empty root store reads no files.
+            rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth()
+        };
+        let pool = Pool::new(
+            &scheme,
+            &authority,
+            tls,
+            Duration::from_millis(limits.upstream_connect_timeout_ms),
+            limits.upstream_idle_per_host,
+        )?;
         Ok(Self {
-            client,
-            scheme: parts.scheme.unwrap_or(http::uri::Scheme::HTTP),
+            pool: Arc::new(pool),
+            scheme,
             authority,
             host,
+            fallback_host,
+            connect_target,
             trusted_proxies: config.trusted_proxies.clone(),
             base_path: parts
                 .path_and_query
@@ -140,25 +161,6 @@ impl HttpUpstream {
         peer: &Peer,
         upgrade: Option<OnUpgrade>,
     ) -> Result<(Response<ProxyBody>, Option<Tunnel>), ProxyError> {
-        let cannot =
-            |e: http::Error| ProxyError::BadRequest(format!("cannot build upstream URI: {e}"));
-        // Without a base path (the usual case) the client's path and query go as they
-        // are, shared rather than copied.
-        let path_and_query = match parts.uri.path_and_query() {
-            Some(pq) if self.base_path.is_empty() => pq.clone(),
-            pq => PathAndQuery::try_from(format!(
-                "{}{}",
-                self.base_path,
-                pq.map_or("/", PathAndQuery::as_str)
-            ))
-            .map_err(|e| cannot(e.into()))?,
-        };
-        let uri = Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-            .map_err(cannot)?;
         let te_trailers = wants_trailers(&parts.headers);
         let protocol = upgrade
             .is_some()
@@ -180,9 +182,26 @@ impl HttpUpstream {
         }
         self.set_host(&mut parts);
         self.set_forwarded_for(&mut parts.headers, peer);
-        let mut request = Request::from_parts(parts, body);
-        *request.uri_mut() = uri;
-        *request.version_mut() = http::Version::HTTP_11;
+        // The request line of an HTTP/1 upstream needs only the path and query (the
+        // `Host` header is set apart). An HTTP/1 client's origin-form target already is
+        // that, and goes on as it is, shared rather than copied, unless the upstream URL
+        // has a base path. An HTTP/2 client's absolute URI is cut down to it.
+        if parts.method == Method::CONNECT {
+            parts.uri = self.connect_target.clone();
+        } else if !self.base_path.is_empty() {
+            let pq = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+            let joined = PathAndQuery::try_from(format!("{}{pq}", self.base_path))
+                .map_err(|e| ProxyError::BadRequest(format!("cannot build upstream URI: {e}")))?;
+            parts.uri = Uri::from(joined);
+        } else if parts.uri.scheme().is_some() || parts.uri.authority().is_some() {
+            parts.uri = parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .map_or_else(Uri::default, Uri::from);
+        }
+        parts.version = http::Version::HTTP_11;
+        let request = Request::from_parts(parts, body);
 
         let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
         let busy = || {
@@ -192,22 +211,20 @@ impl HttpUpstream {
                 self.permit_timeout.as_millis()
             ))
         };
-        let _permit = tokio::time::timeout(self.permit_timeout, self.permits.acquire())
-            .await
-            .map_err(|_| busy())?
-            .map_err(|_| busy())?;
-        let started = Instant::now();
-        let result = self.send(request, exchange).await;
+        // A free permit (the usual case) is taken without starting a timer.
+        let _permit = match self.permits.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => tokio::time::timeout(self.permit_timeout, self.permits.acquire())
+                .await
+                .map_err(|_| busy())?
+                .map_err(|_| busy())?,
+        };
+        let started = tokio::time::Instant::now();
+        let result = self.send(request, exchange, started).await;
         m::hot_path_handles()
             .upstream_seconds
             .record(started.elapsed().as_secs_f64());
-        let response = result
-            .ok_or(ProxyError::UpstreamTimeout { timeout_ms })?
-            .map_err(|e| match BodyFault::find(&e) {
-                // The client's body failed, not the upstream: answer with its fault.
-                Some(fault) => fault.to_proxy_error(),
-                None => ProxyError::Upstream(error_chain(&e)),
-            })?;
+        let (response, mut conn) = result.ok_or(ProxyError::UpstreamTimeout { timeout_ms })??;
         let (mut parts, body) = response.into_parts();
         let switched = parts.status == http::StatusCode::SWITCHING_PROTOCOLS;
         let tunnel = match (switched, upgrade) {
@@ -217,7 +234,11 @@ impl HttpUpstream {
                         "101 from the upstream without an upgradable connection".to_owned(),
                     )
                 })?;
-                Some(Tunnel { client, upstream })
+                Some(Tunnel {
+                    client,
+                    upstream,
+                    _sender: conn.take(),
+                })
             }
             (true, None) => {
                 return Err(ProxyError::Upstream(
@@ -237,6 +258,13 @@ impl HttpUpstream {
                 .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             parts.headers.insert(header::UPGRADE, protocol);
         }
+        let body = match (&tunnel, conn) {
+            // An HTTP/1 connection goes back to the pool when this body has ended.
+            (None, Some(Sender::Http1(sender))) => {
+                PooledBody::new(body, Some((Arc::clone(&self.pool), sender)))
+            }
+            _ => PooledBody::new(body, None),
+        };
         Ok((Response::from_parts(parts, body.boxed()), tunnel))
     }
 }
@@ -246,6 +274,9 @@ impl HttpUpstream {
 pub(crate) struct Tunnel {
     client: OnUpgrade,
     upstream: OnUpgrade,
+    /// The upstream connection's sending half, kept until the tunnel ends so that its
+    /// connection is not told to close before the upgrade has taken it over.
+    _sender: Option<Sender>,
 }
 
 impl Tunnel {
@@ -272,14 +303,14 @@ impl Tunnel {
 impl HttpUpstream {
     /// Sends the request and waits for the response head, until the upstream has been
     /// quiet for the upstream timeout: no answer and no body taken for that long. `None`
-    /// is that timeout.
+    /// is that timeout. Getting a connection counts as part of the wait.
     async fn send(
         &self,
         request: Request<RequestBody>,
         exchange: Option<&Arc<Exchange>>,
-    ) -> Option<Result<Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>> {
-        let start = tokio::time::Instant::now();
-        let mut send = std::pin::pin!(self.client.request(request));
+        start: tokio::time::Instant,
+    ) -> Option<Result<(Response<Incoming>, Option<Sender>), ProxyError>> {
+        let mut send = std::pin::pin!(self.exchange(request));
         loop {
             let deadline = match exchange {
                 Some(exchange) => exchange.upstream_deadline(self.timeout),
@@ -305,8 +336,65 @@ impl HttpUpstream {
         }
     }
 
+    /// Takes a connection and sends the request on it.
+    ///
+    /// A pooled connection can turn out closed (the upstream closed it while it was
+    /// idle) after it was taken: hyper then hands the request back unsent, and it is
+    /// tried again on another connection. Only then: once hyper has begun writing a
+    /// request, it does not hand it back, and the request is never sent twice. A new
+    /// connection that fails is the upstream's failure, not tried again.
+    async fn exchange(
+        &self,
+        mut request: Request<RequestBody>,
+    ) -> Result<(Response<Incoming>, Option<Sender>), ProxyError> {
+        loop {
+            let Checkout { sender, reused } = self.pool.take().await?;
+            let (sent, sender) = match sender {
+                Sender::Http1(mut h1) => (h1.try_send_request(request).await, Sender::Http1(h1)),
+                Sender::Http2(mut h2) => {
+                    // HTTP/2 carries the target as `:scheme`, `:authority` and `:path`.
+                    let path = request.uri().path_and_query().cloned();
+                    *request.uri_mut() = self.absolute(path);
+                    (h2.try_send_request(request).await, Sender::Http2(h2))
+                }
+            };
+            match sent {
+                Ok(response) => return Ok((response, Some(sender))),
+                Err(mut e) => match e.take_message() {
+                    Some(mut unsent) if reused => {
+                        tracing::debug!(cause = %e.error(), "pooled upstream connection closed before the request was sent; trying another");
+                        if let Sender::Http2(_) = sender {
+                            let path = unsent.uri().path_and_query().cloned();
+                            *unsent.uri_mut() = path.map_or_else(Uri::default, Uri::from);
+                        }
+                        request = unsent;
+                    }
+                    _ => {
+                        let e = e.into_error();
+                        return Err(match BodyFault::find(&e) {
+                            // The client's body failed, not the upstream: answer with its fault.
+                            Some(fault) => fault.to_proxy_error(),
+                            None => ProxyError::Upstream(error_chain(&e)),
+                        });
+                    }
+                },
+            }
+        }
+    }
+
+    /// The upstream's absolute URI for `path`, for HTTP/2.
+    fn absolute(&self, path: Option<PathAndQuery>) -> Uri {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        parts.path_and_query = Some(path.unwrap_or_else(|| PathAndQuery::from_static("/")));
+        // Scheme, authority and path each parsed already: the parts always make a URI.
+        Uri::from_parts(parts).unwrap_or_default()
+    }
+
     /// `Host`: the client's, unchanged, by default (an HTTP/2 client's `:authority`
     /// when it sent no `Host`); the upstream's authority with `upstream_host = "upstream"`.
+    /// Runs before the URI is cut down to its path.
     fn set_host(&self, parts: &mut http::request::Parts) {
         if let Some(host) = &self.host {
             parts.headers.insert(header::HOST, host.clone());
@@ -315,6 +403,12 @@ impl HttpUpstream {
             && let Ok(value) = HeaderValue::from_str(authority.as_str())
         {
             parts.headers.insert(header::HOST, value);
+        } else if !parts.headers.contains_key(header::HOST) {
+            // HTTP/1.1 requires `Host`: a client that sent none (HTTP/1.0) gets the
+            // upstream's.
+            parts
+                .headers
+                .insert(header::HOST, self.fallback_host.clone());
         }
     }
 
@@ -342,38 +436,48 @@ impl HttpUpstream {
     }
 }
 
-/// Whether the client's `TE` accepts trailers.
+/// Whether the client's `TE` accepts trailers. Most requests have no `TE`: one lookup.
 fn wants_trailers(headers: &HeaderMap) -> bool {
     headers.get_all(header::TE).iter().any(|v| {
-        v.to_str().is_ok_and(|s| {
-            s.split(',').any(|t| {
-                t.split(';')
-                    .next()
-                    .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
-            })
+        tokens(v.as_bytes()).any(|t| {
+            let coding = t.split(|&b| b == b';').next().unwrap_or_default();
+            trim(coding).eq_ignore_ascii_case(b"trailers")
         })
     })
 }
 
+/// The comma-separated tokens of a header value, spaces around them trimmed.
+fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value.split(|&b| b == b',').map(trim)
+}
+
+fn trim(token: &[u8]) -> &[u8] {
+    token.trim_ascii()
+}
+
 /// Removes hop-by-hop headers, including any named by `Connection`.
 ///
-/// It runs twice per request (on the request and on the response), so it only compares:
-/// each name present is compared with the list and with the tokens of `Connection`, and
-/// only names found present are removed, one lookup each. Most requests have none; most
-/// responses have `Connection: keep-alive` alone. Nothing is allocated and no name is
-/// parsed or hashed for a header that is not there.
+/// It runs twice per request (on the request and on the response), so the common case
+/// only compares: a `Connection` header that names nothing beyond `keep-alive`, `close`
+/// or other names already on the list (the usual case, checked once per value) adds no
+/// names, and then each name present is compared with the fixed list alone. Only
+/// names found present are removed, one lookup each. Only a `Connection` that names
+/// other headers has its names parsed, once.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Owned (a reference count), so the map can change while its tokens are consulted.
-    let connection = headers.get(header::CONNECTION).cloned();
-    let tokens = connection.as_ref().and_then(|v| v.to_str().ok());
-    let hop_by_hop = |name: &HeaderName| {
-        HOP_BY_HOP.contains(name)
-            || tokens.is_some_and(|tokens| {
-                tokens
-                    .split(',')
-                    .any(|token| token.trim().eq_ignore_ascii_case(name.as_str()))
-            })
-    };
+    let mut named: Vec<HeaderName> = Vec::new();
+    for value in headers.get_all(header::CONNECTION) {
+        for token in tokens(value.as_bytes()) {
+            let known = token.is_empty()
+                || token.eq_ignore_ascii_case(b"close")
+                || HOP_BY_HOP
+                    .iter()
+                    .any(|name| token.eq_ignore_ascii_case(name.as_str().as_bytes()));
+            if !known && let Ok(name) = HeaderName::from_bytes(token) {
+                named.push(name);
+            }
+        }
+    }
+    let hop_by_hop = |name: &HeaderName| HOP_BY_HOP.contains(name) || named.contains(name);
     while let Some(name) = headers.keys().find(|name| hop_by_hop(name)).cloned() {
         headers.remove(&name);
     }

@@ -1,0 +1,350 @@
+//! The connections to the one upstream: idle HTTP/1 connections on a stack, or one
+//! shared HTTP/2 connection.
+//!
+//! The proxy has exactly one upstream (one scheme and authority), so the pool is not a
+//! map keyed by host: there is nothing to hash or compare per request. Idle HTTP/1
+//! connections wait on a stack behind a short lock, the most recently used on top (it is
+//! the one most likely still open, and the older ones expire at the bottom). A connection
+//! goes back on the stack only when its response body has ended, as only then can it
+//! carry the next request; a response dropped before its end leaves the connection to
+//! close. Over TLS, when the upstream picks HTTP/2 by ALPN, one multiplexed connection is
+//! shared by every request and dialled again once it has closed.
+//!
+//! Expiry needs no timer: the oldest idle connections are at the bottom of the stack, so
+//! each return drops those idle for longer than [`IDLE_EXPIRY_MS`], and a take that finds
+//! an expired one on top drops the whole stack, all older still.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::StartError;
+use crate::config::ConfigError;
+use crate::error::ProxyError;
+use crate::stream::RequestBody;
+
+/// How long an idle upstream connection is kept for reuse, in milliseconds. Upstreams
+/// close idle connections on their own after a while (nginx after 75 s); a connection
+/// kept longer would mostly be found closed. Expired connections are dropped when the
+/// pool is next used, not by a timer.
+pub(super) const IDLE_EXPIRY_MS: u64 = 90_000;
+
+/// Where and how to connect, and the connections waiting for a request.
+pub(super) struct Pool {
+    /// `host:port` for messages.
+    authority: Authority,
+    /// The host to resolve (an IPv6 literal without its brackets) and the port.
+    host: String,
+    port: u16,
+    /// The address, when the host is an IP literal: nothing to resolve per connection.
+    addr: Option<SocketAddr>,
+    /// For `https://`: the connector (ALPN h2 and http/1.1) and the name to verify.
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    /// `limits.upstream_connect_timeout_ms`, for TCP and TLS together.
+    connect_timeout: Duration,
+    /// `limits.upstream_idle_per_host`.
+    idle_max: usize,
+    idle_expiry: Duration,
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+    state: Mutex<State>,
+}
+
+/// What the lock guards: held only to push or pop, never across an await.
+#[derive(Default)]
+struct State {
+    /// Idle HTTP/1 connections and when each became idle; the back is the top.
+    idle: VecDeque<(Instant, http1::SendRequest<RequestBody>)>,
+    /// The shared HTTP/2 connection, once the upstream has chosen h2.
+    h2: Option<http2::SendRequest<RequestBody>>,
+}
+
+/// A connection to send one request on.
+pub(super) struct Checkout {
+    pub(super) sender: Sender,
+    /// Taken from the pool rather than dialled for this request: a request it hands
+    /// back unsent may be tried again on another connection.
+    pub(super) reused: bool,
+}
+
+/// The sending half of an upstream connection; its other half runs in its own task.
+pub(super) enum Sender {
+    Http1(http1::SendRequest<RequestBody>),
+    Http2(http2::SendRequest<RequestBody>),
+}
+
+impl Pool {
+    /// The pool for an upstream of `scheme://authority`. `tls` is the rustls client
+    /// configuration, used only for `https`.
+    pub(super) fn new(
+        scheme: &Scheme,
+        authority: &Authority,
+        tls: rustls::ClientConfig,
+        connect_timeout: Duration,
+        idle_max: usize,
+    ) -> Result<Self, StartError> {
+        let https = *scheme == Scheme::HTTPS;
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let addr = host
+            .parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, port));
+        let tls = if https {
+            let mut tls = tls;
+            tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            let name = ServerName::try_from(host.clone()).map_err(|e| {
+                StartError::Config(ConfigError::Invalid {
+                    field: "upstream".to_owned(),
+                    reason: format!("{host:?} is not a name a TLS certificate can be for: {e}"),
+                })
+            })?;
+            Some((tokio_rustls::TlsConnector::from(Arc::new(tls)), name))
+        } else {
+            None
+        };
+        Ok(Self {
+            authority: authority.clone(),
+            host,
+            port,
+            addr,
+            tls,
+            connect_timeout,
+            idle_max,
+            idle_expiry: Duration::from_millis(IDLE_EXPIRY_MS),
+            http1: http1::Builder::new(),
+            http2: http2::Builder::new(TokioExecutor::new()),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The lock guards plain pushes and pops; a panic elsewhere cannot leave the
+        // stack half-changed, so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A connection ready for a request: the shared HTTP/2 one, the most recently idle
+    /// HTTP/1 one that is still open, or a new one.
+    pub(super) async fn take(&self) -> Result<Checkout, ProxyError> {
+        loop {
+            let popped = {
+                let mut state = self.state();
+                if let Some(h2) = &state.h2 {
+                    if !h2.is_closed() {
+                        return Ok(Checkout {
+                            sender: Sender::Http2(h2.clone()),
+                            reused: true,
+                        });
+                    }
+                    state.h2 = None;
+                }
+                state.idle.pop_back()
+            };
+            let Some((since, mut sender)) = popped else {
+                break;
+            };
+            if sender.is_closed() {
+                continue;
+            }
+            if since.elapsed() >= self.idle_expiry {
+                // Every connection below this one has been idle longer still.
+                let expired = std::mem::take(&mut self.state().idle);
+                drop(expired);
+                continue;
+            }
+            if sender.is_ready() {
+                return Ok(Checkout {
+                    sender: Sender::Http1(sender),
+                    reused: true,
+                });
+            }
+            // Returned as its response ended, before its connection's task had taken
+            // that in: it becomes ready (or closes) as soon as that task runs.
+            if let Ok(Ok(())) = tokio::time::timeout(self.connect_timeout, sender.ready()).await {
+                return Ok(Checkout {
+                    sender: Sender::Http1(sender),
+                    reused: true,
+                });
+            }
+        }
+        let sender = match tokio::time::timeout(self.connect_timeout, self.dial()).await {
+            Ok(dialled) => dialled?,
+            Err(_) => {
+                return Err(ProxyError::Upstream(format!(
+                    "no connection to the upstream {} within {} ms (limits.upstream_connect_timeout_ms)",
+                    self.authority,
+                    self.connect_timeout.as_millis()
+                )));
+            }
+        };
+        if let Sender::Http2(h2) = &sender {
+            // Requests that dialled at the same time may each have made one; the last
+            // is kept for the next requests, and the others close when their requests
+            // are done.
+            self.state().h2 = Some(h2.clone());
+        }
+        Ok(Checkout {
+            sender,
+            reused: false,
+        })
+    }
+
+    /// Puts an HTTP/1 connection whose response has ended back on the stack, dropping
+    /// those idle past the expiry and, at `limits.upstream_idle_per_host`, the oldest.
+    pub(super) fn put(&self, sender: http1::SendRequest<RequestBody>) {
+        if sender.is_closed() || self.idle_max == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let mut dropped = Vec::new();
+        {
+            let mut state = self.state();
+            while let Some((since, _)) = state.idle.front()
+                && now.saturating_duration_since(*since) >= self.idle_expiry
+            {
+                dropped.extend(state.idle.pop_front());
+            }
+            if state.idle.len() >= self.idle_max {
+                dropped.extend(state.idle.pop_front());
+            }
+            state.idle.push_back((now, sender));
+        }
+        // Closing connections happens outside the lock.
+        drop(dropped);
+    }
+
+    /// Connects (TCP with `TCP_NODELAY`, then TLS for `https`) and starts the HTTP
+    /// connection's task.
+    async fn dial(&self) -> Result<Sender, ProxyError> {
+        let cannot = |e: &dyn std::fmt::Display| {
+            ProxyError::Upstream(format!(
+                "cannot connect to the upstream {}: {e}",
+                self.authority
+            ))
+        };
+        let tcp = match self.addr {
+            Some(addr) => TcpStream::connect(addr).await,
+            None => TcpStream::connect((self.host.as_str(), self.port)).await,
+        }
+        .map_err(|e| cannot(&e))?;
+        tcp.set_nodelay(true).map_err(|e| cannot(&e))?;
+        let Some((connector, name)) = &self.tls else {
+            return self.http1(tcp).await.map_err(|e| cannot(&e));
+        };
+        let tls = connector
+            .connect(name.clone(), tcp)
+            .await
+            .map_err(|e| cannot(&e))?;
+        if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+            let (sender, connection) = self
+                .http2
+                .handshake(TokioIo::new(tls))
+                .await
+                .map_err(|e| cannot(&e))?;
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(cause = %e, "upstream h2 connection ended with an error");
+                }
+            });
+            Ok(Sender::Http2(sender))
+        } else {
+            self.http1(tls).await.map_err(|e| cannot(&e))
+        }
+    }
+
+    /// The HTTP/1 handshake (nothing is sent) and the connection's task, with upgrades
+    /// so that a 101 answer can become a tunnel.
+    async fn http1<T>(&self, io: T) -> Result<Sender, hyper::Error>
+    where
+        T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, connection) = self.http1.handshake(TokioIo::new(io)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.with_upgrades().await {
+                tracing::debug!(cause = %e, "upstream connection ended with an error");
+            }
+        });
+        Ok(Sender::Http1(sender))
+    }
+}
+
+/// The upstream's response body, which returns its HTTP/1 connection to the pool once
+/// it has ended (then the connection can carry the next request). Dropped before its
+/// end, it drops the connection, which hyper then closes.
+pub(super) struct PooledBody {
+    inner: Incoming,
+    conn: Option<(Arc<Pool>, http1::SendRequest<RequestBody>)>,
+}
+
+impl PooledBody {
+    pub(super) fn new(
+        inner: Incoming,
+        conn: Option<(Arc<Pool>, http1::SendRequest<RequestBody>)>,
+    ) -> Self {
+        Self { inner, conn }
+    }
+
+    fn release(&mut self) {
+        if let Some((pool, sender)) = self.conn.take() {
+            pool.put(sender);
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.release(),
+            // The last frame: the caller may not ask again.
+            Poll::Ready(Some(Ok(_))) if this.inner.is_end_stream() => this.release(),
+            Poll::Ready(Some(Err(_))) => this.conn = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for PooledBody {
+    fn drop(&mut self) {
+        // A body with nothing left to read (a HEAD or 204 answer, or one whose last
+        // frame was read) leaves its connection reusable.
+        if self.inner.is_end_stream() {
+            self.release();
+        }
+    }
+}

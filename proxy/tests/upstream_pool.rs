@@ -1,0 +1,266 @@
+//! The upstream connection pool over real sockets: a proxy started in-process on port 0,
+//! in front of small upstreams written here that count the connections they accept.
+
+// The harness below is test code outside `#[test]` functions, so the workspace's ban on
+// unwrap in library code reaches it; a failed step here should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use palisade_proxy::{ProxyConfig, ProxyHandle};
+use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Starts a proxy in front of `upstream` with a temporary data directory.
+async fn proxy(
+    upstream: String,
+    edit: impl FnOnce(&mut ProxyConfig),
+) -> (ProxyHandle, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = ProxyConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.path().to_owned(),
+        upstream: Some(upstream),
+        ..ProxyConfig::default()
+    };
+    edit(&mut config);
+    (palisade_proxy::start(config).await.unwrap(), dir)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// Connections an upstream holds open after answering, for the test to close.
+type Held = Arc<std::sync::Mutex<Vec<tokio::net::TcpStream>>>;
+
+/// An HTTP/1.1 upstream that answers each connection's first request with `200 ok` and
+/// a `Content-Length`, no `Connection: close` (so the proxy pools the connection), then
+/// reads nothing more and holds the connection in `Held` until the test drops it: the
+/// proxy's pooled connection is then closed by the upstream while it is idle. Returns
+/// its address, the held connections and the count of connections it accepted.
+async fn closing_upstream() -> (SocketAddr, Held, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let held: Held = Arc::default();
+    let (count, hold) = (Arc::clone(&accepted), Arc::clone(&held));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            let hold = Arc::clone(&hold);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if stream
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await
+                    .is_ok()
+                {
+                    hold.lock().unwrap().push(stream);
+                }
+            });
+        }
+    });
+    (addr, held, accepted)
+}
+
+/// A keep-alive upstream (hyper, HTTP/1.1 and h2c) answering `200 ok`, counting the
+/// connections it accepted.
+async fn keepalive_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let service = service_fn(|_req: http::Request<hyper::body::Incoming>| async {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// Goal: a pooled connection that the upstream closed while it was idle is not used for
+/// the next request: every request succeeds, each on a fresh connection. Method: an
+/// upstream that answers one request per connection (keep-alive as far as the headers
+/// say) and then holds it; after each answer the test closes the held connection (the
+/// proxy has pooled it by then), then sends the next request; six requests, each must
+/// be 200 `ok`, and the upstream must have accepted six connections.
+#[tokio::test]
+async fn a_connection_closed_by_the_upstream_while_idle_is_not_reused() {
+    let (addr, held, accepted) = closing_upstream().await;
+    let (proxy, _dir) = proxy(format!("http://{addr}"), |_| {}).await;
+    let client = client();
+    for i in 0..6 {
+        let response = client
+            .get(format!("http://{}/k{i}", proxy.listen))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, StatusCode::OK, "request {i}: {text}");
+        assert_eq!(text, "ok", "request {i}");
+        // The upstream closes the connection the proxy has just put back in its pool.
+        // (The upstream holds it a moment after its answer was written: wait for that.)
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let closed = loop {
+            let closed: Vec<_> = held.lock().unwrap().drain(..).collect();
+            if !closed.is_empty() || tokio::time::Instant::now() > deadline {
+                break closed;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(closed.len(), 1, "request {i}: one connection answered");
+        drop(closed);
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        6,
+        "one connection per request"
+    );
+    proxy.shutdown();
+}
+
+/// Goal: the pool reuses an idle keep-alive connection: requests one after another go
+/// over a single upstream connection. Method: a keep-alive upstream that counts
+/// connections; ten requests in sequence; exactly one connection accepted.
+#[tokio::test]
+async fn requests_in_sequence_reuse_one_upstream_connection() {
+    let (addr, accepted) = keepalive_upstream().await;
+    let (proxy, _dir) = proxy(format!("http://{addr}"), |_| {}).await;
+    let client = client();
+    for i in 0..10 {
+        let response = client
+            .get(format!("http://{}/k{i}", proxy.listen))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.text().await.unwrap(), "ok");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    proxy.shutdown();
+}
+
+/// Goal: an `https://` upstream that picks HTTP/2 by ALPN is reached over one shared,
+/// multiplexed connection: requests in sequence and concurrent ones all succeed, all
+/// arrive as HTTP/2, over a single connection. Method: an h2-only TLS upstream with a
+/// throwaway certificate (trusted through `upstream_ca`) that records each request's
+/// version and counts connections; five requests in sequence, then eight at once.
+#[tokio::test]
+async fn an_h2_upstream_over_tls_shares_one_connection() {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let ca_dir = tempfile::tempdir().unwrap();
+    let ca_path = ca_dir.path().join("ca.pem");
+    std::fs::write(&ca_path, cert.cert.pem()).unwrap();
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()));
+    let chain = vec![CertificateDer::from(cert.cert.der().to_vec())];
+    let mut tls = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let versions = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (count, record) = (Arc::clone(&accepted), Arc::clone(&versions));
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            count.fetch_add(1, Ordering::SeqCst);
+            let (acceptor, record) = (acceptor.clone(), Arc::clone(&record));
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    record.lock().unwrap().push(req.version());
+                    async {
+                        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(
+                            b"over h2",
+                        ))))
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+
+    let (proxy, _dir) = proxy(format!("https://localhost:{}", addr.port()), |c| {
+        c.upstream_ca = Some(ca_path.clone());
+    })
+    .await;
+    let client = client();
+    let get = |i: usize| {
+        let client = client.clone();
+        let url = format!("http://{}/h2/{i}", proxy.listen);
+        async move {
+            let response = client.get(url).send().await.unwrap();
+            (response.status(), response.text().await.unwrap())
+        }
+    };
+    for i in 0..5 {
+        let (status, text) = get(i).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert_eq!(text, "over h2");
+    }
+    let concurrent: Vec<_> = (5..13).map(|i| tokio::spawn(get(i))).collect();
+    for task in concurrent {
+        let (status, text) = task.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{text}");
+    }
+    let versions = versions.lock().unwrap().clone();
+    assert_eq!(versions.len(), 13);
+    assert!(
+        versions.iter().all(|v| *v == http::Version::HTTP_2),
+        "{versions:?}"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "one multiplexed connection"
+    );
+    proxy.shutdown();
+}
