@@ -29,6 +29,9 @@ pub const BARRIER_WAITS: &str = "palisade_proxy_barrier_waits_total";
 pub const UPSTREAM_SECONDS: &str = "palisade_proxy_upstream_seconds";
 /// Client connections open now.
 pub const CONNECTIONS: &str = "palisade_proxy_connections";
+/// Client connections parked now: HTTP/1.1 keep-alive connections idle long enough that
+/// their HTTP state and buffers were freed; each still counts in [`CONNECTIONS`].
+pub const CONNECTIONS_PARKED: &str = "palisade_proxy_connections_parked";
 /// Connections the proxy closed on its own, by `listener` (client, admin) and `reason`:
 /// `header-timeout` (no request head, or TLS handshake, within the header timeout from
 /// accept), `keepalive-timeout` (idle between requests), `evicted-idle` (idle, or not yet

@@ -9,13 +9,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use palisade_protocol::server::{ConnPolicy, Connections};
-use tokio::net::TcpListener;
+use palisade_protocol::server::{Admitted, ConnPolicy, Connections, Releasable, Served};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
@@ -29,6 +36,24 @@ const ACCEPT_BACKOFF_MS: u64 = 50;
 /// as one frame. hyper grows its reads from 8 KiB up to this while they come back full,
 /// so a connection sending small requests keeps small buffers.
 pub(crate) const READ_BUFFER_BYTES_MAX: usize = 64 * 1024;
+
+/// How long an HTTP/1.1 connection stays idle after its last response before hyper's
+/// connection is ended and its buffers freed, the stream kept (at most half the header
+/// timeout; see `Http::new`). Short, so that idle keep-alive connections cost little
+/// memory (hyper's read buffer alone starts at 8 KiB); long enough that a client sending
+/// request after request never pays for a new hyper connection between them.
+const IDLE_RELEASE_MS: u64 = 1_000;
+
+/// Bytes read through TLS, at most, to learn that a parked connection's client sent its
+/// next request (the rest stays in rustls's buffer for hyper).
+const PARKED_TLS_READ_BYTES: usize = 64;
+
+/// Time given to close a stream (TLS `close_notify`, TCP FIN) after its connection ended,
+/// so that a client that stopped reading cannot hold the connection's task.
+const CLOSE_TIMEOUT_MS: u64 = 1_000;
+
+/// Logs the size of a connection's task once per process.
+static FUTURE_SIZE_LOGGED: std::sync::Once = std::sync::Once::new();
 
 /// The client at the other end of a connection, worked out once per connection rather
 /// than once per request.
@@ -94,28 +119,10 @@ pub(crate) async fn serve<H, F>(
     mut shutdown: watch::Receiver<bool>,
     handler: H,
 ) where
-    H: Fn(Request<Incoming>, Arc<Peer>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Arc<Peer>) -> F + Clone + Send + Sync + Unpin + 'static,
     F: Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
-        // hyper's one buffer limit bounds both the request head and each read of a body.
-        // At `header_bytes_max` (16 KiB by default) a 64 KiB body would arrive as four
-        // or more frames, each a wake-up of the upstream connection's task and a write
-        // to the upstream: streaming would cost more CPU than reading the body whole. So reads
-        // may grow to `READ_BUFFER_BYTES_MAX`, and the head limit is checked by the
-        // service instead (`service::check_head_size`, 431 as before).
-        .max_buf_size(settings.header_bytes_max.max(READ_BUFFER_BYTES_MAX))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(settings.header_bytes_max).unwrap_or(u32::MAX))
-        .max_concurrent_streams(settings.h2_streams_max);
-    let builder = Arc::new(builder);
+    let http = Arc::new(Http::new(&settings));
     let connections = Connections::new(settings.policy());
 
     loop {
@@ -149,40 +156,38 @@ pub(crate) async fn serve<H, F>(
                 Ok::<_, Infallible>(in_flight.carry(response))
             }
         });
-        let builder = Arc::clone(&builder);
-        let settings = settings.clone();
-        tokio::spawn(async move {
-            let gauge = metrics::gauge!(m::CONNECTIONS, "listener" => settings.name);
+        let http = Arc::clone(&http);
+        let tls = settings.tls.clone();
+        let task = async move {
+            let gauge = metrics::gauge!(m::CONNECTIONS, "listener" => http.name);
             gauge.increment(1.0);
-            // hyper's upgrade support only where a route allows upgrades (see
-            // `ListenerSettings::upgrades`); the two connection types differ, so each
-            // branch is written out.
-            let upgrades = settings.upgrades;
-            macro_rules! serve_io {
-                ($io:expr) => {
-                    if upgrades {
-                        admitted
-                            .serve(builder.serve_connection_with_upgrades($io, service))
-                            .await
-                    } else {
-                        admitted.serve(builder.serve_connection($io, service)).await
-                    }
-                };
-            }
-            let result = match &settings.tls {
-                None => serve_io!(TokioIo::new(stream)),
-                Some(acceptor) => match admitted.handshake(acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => serve_io!(TokioIo::new(tls)),
+            let result = match tls {
+                None => http.serve_stream(stream, &admitted, service).await,
+                // Boxed: the handshake's state is large and needed only once, while the
+                // task's own size is paid for as long as the connection lives.
+                Some(acceptor) => match admitted.handshake(Box::pin(acceptor.accept(stream))).await
+                {
+                    Ok(Ok(tls)) => http.serve_stream(tls, &admitted, service).await,
                     Ok(Err(e)) => Err(e.into()),
                     Err(stopped) => Err(stopped.into()),
                 },
             };
             if let Err(e) = result {
-                tracing::debug!(listener = settings.name, %peer, cause = %e, "connection ended with an error");
+                tracing::debug!(listener = http.name, %peer, cause = %e, "connection ended with an error");
             }
             gauge.decrement(1.0);
             drop(admitted);
+        };
+        // A task is one allocation of its future's size, for as long as the connection
+        // lives, parked or not: worth seeing when weighing what a connection costs.
+        FUTURE_SIZE_LOGGED.call_once(|| {
+            tracing::debug!(
+                listener = settings.name,
+                bytes = std::mem::size_of_val(&task),
+                "size of a connection's task"
+            );
         });
+        tokio::spawn(task);
     }
     drop(listener);
     let open = connections.live();
@@ -197,5 +202,401 @@ pub(crate) async fn serve<H, F>(
         () = tokio::time::sleep(settings.drain_timeout) => {
             tracing::warn!(listener = settings.name, "drain timeout reached; closing remaining connections");
         }
+    }
+}
+
+/// What a connection's task needs besides its stream and its service: hyper's builders
+/// and the release policy, shared by the listener's connections.
+struct Http {
+    name: &'static str,
+    /// HTTP/1.1 connections, which are released when idle.
+    h1: http1::Builder,
+    /// HTTP/2 connections (told apart by their preface), which are served as they are.
+    auto: auto::Builder<TokioExecutor>,
+    /// See [`ListenerSettings::upgrades`].
+    upgrades: bool,
+    /// See [`IDLE_RELEASE_MS`].
+    release_after: Duration,
+    /// Connections parked now: released, waiting for their next request.
+    parked: metrics::Gauge,
+}
+
+impl Http {
+    fn new(settings: &ListenerSettings) -> Self {
+        // hyper's one buffer limit bounds both the request head and each read of a body.
+        // At `header_bytes_max` (16 KiB by default) a 64 KiB body would arrive as four
+        // or more frames, each a wake-up of the upstream connection's task and a write
+        // to the upstream: streaming would cost more CPU than reading the body whole. So
+        // reads may grow to `READ_BUFFER_BYTES_MAX`, and the head limit is checked by the
+        // service instead (`service::check_head_size`, 431 as before).
+        let buf_max = settings.header_bytes_max.max(READ_BUFFER_BYTES_MAX);
+        let mut h1 = http1::Builder::new();
+        h1.timer(TokioTimer::new())
+            .header_read_timeout(settings.header_read_timeout)
+            .max_buf_size(buf_max)
+            .keep_alive(true);
+        let mut auto = auto::Builder::new(TokioExecutor::new());
+        auto.http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(settings.header_read_timeout)
+            .max_buf_size(buf_max)
+            .keep_alive(true);
+        auto.http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(settings.header_bytes_max).unwrap_or(u32::MAX))
+            .max_concurrent_streams(settings.h2_streams_max);
+        // hyper's HTTP/1 header timer also runs while a connection idles between requests
+        // (it starts when hyper begins reading for the next head), so a connection must
+        // be released before it fires, or the keep-alive timeout could never be reached.
+        let release_after =
+            Duration::from_millis(IDLE_RELEASE_MS).min(settings.header_read_timeout / 2);
+        Self {
+            name: settings.name,
+            h1,
+            auto,
+            upgrades: settings.upgrades,
+            release_after,
+            parked: metrics::gauge!(m::CONNECTIONS_PARKED, "listener" => settings.name),
+        }
+    }
+
+    /// Serves one client stream to its end: tells HTTP/2 from HTTP/1.1 by the first
+    /// bytes (within the header timeout from accept), serves HTTP/2 with the `auto`
+    /// builder, and HTTP/1.1 in rounds: hyper serves the connection until it has been
+    /// idle for the release time, then its HTTP state and buffers are dropped and the
+    /// bare stream is parked until the client sends again, when a new round begins.
+    async fn serve_stream<T, S, B>(
+        &self,
+        stream: T,
+        admitted: &Admitted,
+        mut service: S,
+    ) -> Result<(), BoxError>
+    where
+        T: ClientStream,
+        S: hyper::service::Service<Request<Incoming>, Response = Response<B>>
+            + Clone
+            + Send
+            + Unpin
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let mut stream = stream;
+        let (h2, first) = match admitted.handshake(sniff_version(&mut stream)).await {
+            Ok(Ok(sniffed)) => sniffed,
+            Ok(Err(e)) => return Err(e.into()),
+            Err(stopped) => return Err(stopped.into()),
+        };
+        let mut stream = Rewind::new(stream, first);
+        if h2 {
+            let io = TokioIo::new(stream);
+            return if self.upgrades {
+                admitted
+                    .serve(self.auto.serve_connection_with_upgrades(io, service))
+                    .await
+            } else {
+                admitted
+                    .serve(self.auto.serve_connection(io, service))
+                    .await
+            };
+        }
+        loop {
+            let keep_open = Arc::clone(&stream.keep_open);
+            let conn = self.h1.serve_connection(TokioIo::new(stream), service);
+            let (served, parts) = if self.upgrades {
+                let mut conn = H1 {
+                    conn: Box::pin(conn.with_upgrades()),
+                    keep_open,
+                };
+                let served = admitted
+                    .serve_or_release(Pin::new(&mut conn), self.release_after)
+                    .await;
+                (served, conn.into_parts())
+            } else {
+                let mut conn = H1 {
+                    conn: Box::pin(conn),
+                    keep_open,
+                };
+                let served = admitted
+                    .serve_or_release(Pin::new(&mut conn), self.release_after)
+                    .await;
+                (served, conn.into_parts())
+            };
+            // No parts: the connection was upgraded, and the stream is the upgrade's.
+            let Some(parts) = parts else {
+                return served.map(drop);
+            };
+            let mut rewound = parts.io.into_inner();
+            match served {
+                Ok(Served::Released) => {}
+                // hyper closed the stream itself.
+                Ok(Served::Ended) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            service = parts.service;
+            rewound.put_back(parts.read_buf);
+            if !rewound.has_prefix() {
+                self.parked.increment(1.0);
+                let woke = admitted.park(rewound.inner.next_bytes()).await;
+                self.parked.decrement(1.0);
+                match woke {
+                    Ok(Ok(Some(first))) => rewound.put_back(first),
+                    // The client closed the connection.
+                    Ok(Ok(None)) => return Ok(()),
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(stopped) => {
+                        tracing::trace!(listener = self.name, cause = %stopped, "closing a parked connection");
+                        rewound.close().await;
+                        return Ok(());
+                    }
+                }
+            }
+            stream = rewound;
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, 3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Reads the first bytes of a connection until they either differ from the HTTP/2
+/// preface or are all of it: whether the client speaks HTTP/2, and the bytes read (at
+/// most the preface's 24, as hyper-util's `auto` builder reads).
+async fn sniff_version<T: AsyncRead + Unpin>(stream: &mut T) -> std::io::Result<(bool, Bytes)> {
+    let mut first = [0u8; H2_PREFACE.len()];
+    let mut len = 0;
+    loop {
+        let n = stream.read(&mut first[len..]).await?;
+        len += n;
+        let read = &first[..len];
+        if n == 0 || read != &H2_PREFACE[..len] {
+            return Ok((false, Bytes::copy_from_slice(read)));
+        }
+        if len == H2_PREFACE.len() {
+            return Ok((true, Bytes::copy_from_slice(read)));
+        }
+    }
+}
+
+/// A client's stream (TCP, or TLS over TCP) as a parked connection waits on it.
+pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Waits until the client sends something: the bytes read to find out (none for
+    /// TCP, where readiness is enough), or `None` when the client closed the stream.
+    fn next_bytes(&mut self) -> impl Future<Output = std::io::Result<Option<Bytes>>> + Send;
+}
+
+impl ClientStream for TcpStream {
+    async fn next_bytes(&mut self) -> std::io::Result<Option<Bytes>> {
+        // Readable also at end of stream: the next round's hyper connection then reads
+        // the end and finishes quietly.
+        self.readable().await?;
+        Ok(Some(Bytes::new()))
+    }
+}
+
+impl ClientStream for tokio_rustls::server::TlsStream<TcpStream> {
+    async fn next_bytes(&mut self) -> std::io::Result<Option<Bytes>> {
+        // A readable socket need not mean plaintext (a TLS record may be partial, or a
+        // key update), so this reads through TLS, a few bytes at most: the rest stays in
+        // rustls's buffer until hyper reads it.
+        let mut first = [0u8; PARKED_TLS_READ_BYTES];
+        let n = self.read(&mut first).await?;
+        Ok((n > 0).then(|| Bytes::copy_from_slice(&first[..n])))
+    }
+}
+
+/// A client stream with bytes already read from it put back in front, and a switch for
+/// whether hyper's shutdown at the end of an HTTP/1.1 connection closes the stream (it
+/// must not when the connection is released, and the stream parked).
+struct Rewind<T> {
+    inner: T,
+    prefix: Bytes,
+    /// Set while a release is under way; read by the stream's `poll_shutdown`, which
+    /// hyper calls from inside the connection.
+    keep_open: Arc<AtomicBool>,
+}
+
+impl<T: ClientStream> Rewind<T> {
+    fn new(inner: T, prefix: Bytes) -> Self {
+        Self {
+            inner,
+            prefix,
+            keep_open: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn has_prefix(&self) -> bool {
+        !self.prefix.is_empty()
+    }
+
+    /// Puts `bytes` back in front of what the stream will give next.
+    fn put_back(&mut self, bytes: Bytes) {
+        self.keep_open.store(false, Ordering::Relaxed);
+        if bytes.is_empty() {
+            return;
+        }
+        self.prefix = if self.prefix.is_empty() {
+            bytes
+        } else {
+            // `bytes` were read before what is still left of the earlier prefix.
+            let mut joined = bytes::BytesMut::with_capacity(bytes.len() + self.prefix.len());
+            joined.extend_from_slice(&bytes);
+            joined.extend_from_slice(&self.prefix);
+            joined.freeze()
+        };
+    }
+
+    /// Closes the stream as hyper would have at a connection's end (for TLS, with a
+    /// `close_notify`), bounded so that a client that reads nothing cannot hold the task.
+    async fn close(mut self) {
+        let _ = tokio::time::timeout(
+            Duration::from_millis(CLOSE_TIMEOUT_MS),
+            self.inner.shutdown(),
+        )
+        .await;
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            bytes::Buf::advance(&mut self.prefix, n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.keep_open.load(Ordering::Relaxed) {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        } else {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+}
+
+/// hyper's two HTTP/1.1 connection types (with and without upgrades), as a round uses
+/// them.
+trait Round: Future<Output = hyper::Result<()>> + Unpin {
+    type Io;
+    type Service;
+
+    fn shut_down_gracefully(self: Pin<&mut Self>);
+
+    /// The stream, the bytes read and not yet used, and the service; `None` once upgraded.
+    fn into_parts(self) -> Option<http1::Parts<Self::Io, Self::Service>>;
+}
+
+impl<I, S, B> Round for http1::Connection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Unpin,
+    S::Error: Into<BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<BoxError>,
+    Self: Unpin,
+{
+    type Io = I;
+    type Service = S;
+
+    fn shut_down_gracefully(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+
+    fn into_parts(self) -> Option<http1::Parts<I, S>> {
+        Some(http1::Connection::into_parts(self))
+    }
+}
+
+impl<I, S, B> Round for http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Unpin,
+    S::Error: Into<BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<BoxError>,
+    Self: Unpin,
+{
+    type Io = I;
+    type Service = S;
+
+    fn shut_down_gracefully(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+
+    fn into_parts(self) -> Option<http1::Parts<I, S>> {
+        http1::UpgradeableConnection::into_parts(self)
+    }
+}
+
+/// One round of an HTTP/1.1 connection, boxed so that a parked connection's task does
+/// not keep room for it, with the switch that makes hyper's final shutdown keep the
+/// stream open when the round ends in a release.
+struct H1<C> {
+    conn: Pin<Box<C>>,
+    keep_open: Arc<AtomicBool>,
+}
+
+impl<C: Round> H1<C> {
+    fn into_parts(self) -> Option<http1::Parts<C::Io, C::Service>> {
+        (*Pin::into_inner(self.conn)).into_parts()
+    }
+}
+
+impl<C: Round> Future for H1<C> {
+    type Output = hyper::Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.conn.as_mut().poll(cx)
+    }
+}
+
+impl<C: Round> Releasable for H1<C> {
+    type Error = hyper::Error;
+
+    fn close_gracefully(mut self: Pin<&mut Self>) {
+        self.keep_open.store(false, Ordering::Relaxed);
+        self.conn.as_mut().shut_down_gracefully();
+    }
+
+    fn release(mut self: Pin<&mut Self>) {
+        self.keep_open.store(true, Ordering::Relaxed);
+        self.conn.as_mut().shut_down_gracefully();
     }
 }

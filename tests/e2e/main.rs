@@ -10,6 +10,8 @@
 //! # Layout
 //! - `proxy_connections`: idle floods on the data and admin ports: new clients and the
 //!   announce still served in time; silent connections closed at the header timeout.
+//! - `proxy_idle`: idle keep-alive connections parked without their HTTP state: served
+//!   again (TCP and TLS), closed at the keep-alive timeout, evicted oldest first.
 //! - `proxy_fencing`: the proxy's fencing rules against a recording upstream, restarts
 //!   and `kill -9`.
 //! - `proxy_routing`: classification that fails closed: path spellings, methods, scope
@@ -51,6 +53,7 @@ mod election_scores;
 mod fleet_proxy;
 mod proxy_connections;
 mod proxy_fencing;
+mod proxy_idle;
 mod proxy_routing;
 mod proxy_streaming;
 mod proxy_transport;

@@ -23,6 +23,12 @@
 //! and sends nothing therefore held its slot forever. The plain HTTP/1 builder of the
 //! control plane does start hyper's timer at once, but it had no eviction.
 //!
+//! A listener may also release an idle connection's HTTP state without closing it
+//! ([`Admitted::serve_or_release`], then [`Admitted::park`]): the proxy's data port does,
+//! so that an idle keep-alive connection holds its socket and its slot here, not hyper's
+//! buffers. A parked connection is still idle to this table: its keep-alive timeout,
+//! eviction and shutdown apply as before.
+//!
 //! Requests are counted by the service: [`RequestTracker::enter`] when a request reaches
 //! it, and the [`InFlight`] guard, carried by the response body ([`TrackedBody`]), ends
 //! the request when hyper drops the body (finished, or the connection gone). Nothing is
@@ -116,6 +122,67 @@ pub enum Stopped {
     /// The listener is shutting down.
     #[error("the listener is shutting down")]
     ShuttingDown,
+    /// A parked connection stayed idle for the keep-alive timeout.
+    #[error("idle for the keep-alive timeout of {timeout_ms} ms")]
+    KeepaliveTimeout {
+        /// The keep-alive timeout.
+        timeout_ms: u64,
+    },
+}
+
+/// How [`Admitted::serve_or_release`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// The connection is over: the client closed it, or the listener did (a timeout, an
+    /// eviction, shutdown).
+    Ended,
+    /// The connection was idle for the release time and its HTTP state was ended with
+    /// the stream kept open: the caller may [`Admitted::park`] the stream.
+    Released,
+}
+
+/// A connection that [`Admitted::serve_or_release`] can end in two ways: closing it, or
+/// releasing it (ending its HTTP state but leaving the stream open to its owner).
+/// hyper's connection types do not offer the second on their own, so the owner wraps
+/// them in a type of its own.
+pub trait Releasable: Future<Output = Result<(), Self::Error>> {
+    /// The error the connection can end with.
+    type Error: Into<Box<dyn StdError + Send + Sync>>;
+
+    /// Finish the request in flight, if any, then close the connection.
+    fn close_gracefully(self: Pin<&mut Self>);
+
+    /// Finish the request in flight, if any, then end the connection's HTTP state and
+    /// leave its stream open.
+    fn release(self: Pin<&mut Self>);
+}
+
+/// Adapts a hyper connection to [`Releasable`] for [`Admitted::serve`], which never
+/// releases.
+struct Graceful<'a, C>(Pin<&'a mut C>);
+
+impl<C: GracefulConnection> Future for Graceful<'_, C> {
+    type Output = Result<(), C::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl<C> Releasable for Graceful<'_, C>
+where
+    C: GracefulConnection,
+    C::Error: Into<Box<dyn StdError + Send + Sync>>,
+{
+    type Error = C::Error;
+
+    fn close_gracefully(mut self: Pin<&mut Self>) {
+        self.0.as_mut().graceful_shutdown();
+    }
+
+    fn release(self: Pin<&mut Self>) {
+        self.close_gracefully();
+    }
 }
 
 /// What every slot and guard shares.
@@ -163,13 +230,19 @@ impl Slot {
 
     /// What the connection's task does next: when to look at the slot again, and, if
     /// the slot is idle, the reason and deadline to close it for.
-    fn next_check(&self, policy: &ConnPolicy) -> Check {
+    fn next_check(&self, policy: &ConnPolicy, release_after: Option<Duration>) -> Check {
         let now = Instant::now();
         // Nothing signals the task when a request starts or ends, so it looks again at
         // least this often: a connection that turns idle at `t` is then seen idle by
         // `t + recheck`, at or before its close is due (`t + keepalive_timeout`), and a
         // fresh connection that served a request moves to the keep-alive deadline in time.
-        let recheck = now + policy.header_read_timeout.min(policy.keepalive_timeout);
+        // With a release time, also that often, so that an idle connection is released
+        // by twice that time after its last response.
+        let mut recheck = policy.header_read_timeout.min(policy.keepalive_timeout);
+        if let Some(release_after) = release_after {
+            recheck = recheck.min(release_after);
+        }
+        let recheck = now + recheck;
         let state = self.state.load(Ordering::Acquire);
         let since_ms = self.idle_since_ms.load(Ordering::Acquire);
         if state != 0 {
@@ -177,11 +250,18 @@ impl Slot {
             return Check {
                 at: recheck,
                 close: None,
+                release: None,
                 since_ms,
             };
         }
         let since = self.signals.epoch + Duration::from_millis(since_ms);
-        let (deadline, reason) = if self.served.load(Ordering::Acquire) {
+        let served = self.served.load(Ordering::Acquire);
+        // Only a connection that has served a request is released: a fresh one is still
+        // within its header timeout, which hyper's buffers are there to serve.
+        let release = release_after
+            .filter(|_| served)
+            .map(|release_after| since + release_after);
+        let (deadline, reason) = if served {
             (
                 since + policy.keepalive_timeout,
                 CloseReason::KeepaliveTimeout,
@@ -192,11 +272,20 @@ impl Slot {
                 CloseReason::HeaderTimeout,
             )
         };
+        let at = deadline.min(recheck);
         Check {
-            at: deadline.min(recheck),
+            at: release.map_or(at, |release| at.min(release)),
             close: Some((reason, deadline)),
+            release,
             since_ms,
         }
+    }
+
+    /// Whether nothing is in flight (nor the slot claimed) and no request came and went
+    /// since `since_ms`.
+    fn idle_since(&self, since_ms: u64) -> bool {
+        self.state.load(Ordering::Acquire) == 0
+            && self.idle_since_ms.load(Ordering::Acquire) == since_ms
     }
 }
 
@@ -206,6 +295,9 @@ struct Check {
     at: Instant,
     /// For an idle slot: why and when it is to be closed.
     close: Option<(CloseReason, Instant)>,
+    /// For an idle slot that has served a request, with a release time: when to release
+    /// it.
+    release: Option<Instant>,
     /// The slot's `idle_since_ms` this was computed from.
     since_ms: u64,
 }
@@ -457,45 +549,117 @@ impl Admitted {
         C: GracefulConnection,
         C::Error: Into<Box<dyn StdError + Send + Sync>>,
     {
+        let mut conn = Graceful(std::pin::pin!(conn));
+        self.drive(Pin::new(&mut conn), None).await.map(drop)
+    }
+
+    /// [`Self::serve`], and also, once the connection has served a request and then
+    /// stayed idle for `release_after`, [`Releasable::release`]s it: its HTTP state ends
+    /// and the stream stays open, for the caller to [`Self::park`] without hyper's
+    /// buffers. `conn` is borrowed so that the caller can take the stream back from it.
+    pub async fn serve_or_release<C: Releasable>(
+        &self,
+        conn: Pin<&mut C>,
+        release_after: Duration,
+    ) -> Result<Served, Box<dyn StdError + Send + Sync>> {
+        self.drive(conn, Some(release_after)).await
+    }
+
+    /// Waits, with the connection idle and no HTTP state, until `wake` (the stream turning
+    /// readable) finishes; stops at the keep-alive timeout counted from the connection's
+    /// last response (counted as [`CloseReason::KeepaliveTimeout`]), on eviction, or at
+    /// shutdown, and the caller closes the stream. The slot is idle throughout, so
+    /// eviction picks a parked connection as it would any idle one.
+    pub async fn park<F: Future>(&self, wake: F) -> Result<F::Output, Stopped> {
         let policy = &self.table.policy;
-        let mut conn = std::pin::pin!(conn);
         let mut shutdown = self.table.shutdown.subscribe();
-        // Once set, the connection is only driven to its end.
-        let mut closing = false;
-        // Whether the close was ours and already counted.
-        let mut counted = false;
+        let mut wake = std::pin::pin!(wake);
         loop {
-            let check = self.slot.next_check(policy);
+            let check = self.slot.next_check(policy, None);
             tokio::select! {
-                ended = conn.as_mut() => {
-                    return ended.map_err(|err| {
-                        let err = err.into();
-                        if !counted && is_hyper_header_timeout(&*err) {
-                            self.table.closed(CloseReason::HeaderTimeout);
-                        }
-                        err
-                    });
-                }
-                () = self.slot.evict.notified(), if !closing => {
-                    // Counted by the eviction.
-                    counted = true;
-                    closing = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-                () = tokio::time::sleep_until(check.at), if !closing => {
+                woke = wake.as_mut() => return Ok(woke),
+                () = self.slot.evict.notified() => return Err(Stopped::Evicted),
+                () = tokio::time::sleep_until(check.at) => {
                     if let Some((reason, deadline)) = check.close
                         && Instant::now() >= deadline
                         && self.close_if_idle_since(check.since_ms)
                     {
                         self.table.closed(reason);
+                        let (timeout, stopped): (Duration, fn(u64) -> Stopped) = match reason {
+                            CloseReason::HeaderTimeout => (policy.header_read_timeout, |timeout_ms| {
+                                Stopped::TimedOut { timeout_ms }
+                            }),
+                            _ => (policy.keepalive_timeout, |timeout_ms| {
+                                Stopped::KeepaliveTimeout { timeout_ms }
+                            }),
+                        };
+                        return Err(stopped(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)));
+                    }
+                }
+                _ = shutdown.wait_for(|stop| *stop) => return Err(Stopped::ShuttingDown),
+            }
+        }
+    }
+
+    /// The loop behind [`Self::serve`] and [`Self::serve_or_release`].
+    async fn drive<C: Releasable>(
+        &self,
+        mut conn: Pin<&mut C>,
+        release_after: Option<Duration>,
+    ) -> Result<Served, Box<dyn StdError + Send + Sync>> {
+        let policy = &self.table.policy;
+        let mut shutdown = self.table.shutdown.subscribe();
+        // Once set, the connection is only driven to its end.
+        let mut closing = false;
+        // Whether the close was ours and already counted.
+        let mut counted = false;
+        // Whether the end is a release rather than a close.
+        let mut released = false;
+        loop {
+            let check = self.slot.next_check(policy, release_after);
+            tokio::select! {
+                ended = conn.as_mut() => {
+                    return match ended {
+                        Ok(()) if released => Ok(Served::Released),
+                        Ok(()) => Ok(Served::Ended),
+                        Err(err) => {
+                            let err = err.into();
+                            if !counted && is_hyper_header_timeout(&*err) {
+                                self.table.closed(CloseReason::HeaderTimeout);
+                            }
+                            Err(err)
+                        }
+                    };
+                }
+                () = self.slot.evict.notified(), if !closing => {
+                    // Counted by the eviction.
+                    counted = true;
+                    closing = true;
+                    conn.as_mut().close_gracefully();
+                }
+                () = tokio::time::sleep_until(check.at), if !closing => {
+                    let now = Instant::now();
+                    if let Some((reason, deadline)) = check.close
+                        && now >= deadline
+                        && self.close_if_idle_since(check.since_ms)
+                    {
+                        self.table.closed(reason);
                         counted = true;
                         closing = true;
-                        conn.as_mut().graceful_shutdown();
+                        conn.as_mut().close_gracefully();
+                    } else if check.release.is_some_and(|at| now >= at)
+                        && self.slot.idle_since(check.since_ms)
+                    {
+                        // The slot stays idle and unclaimed: an eviction, a timeout or
+                        // shutdown while the connection is parked is the park's to see.
+                        released = true;
+                        closing = true;
+                        conn.as_mut().release();
                     }
                 }
                 _ = shutdown.wait_for(|stop| *stop), if !closing => {
                     closing = true;
-                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().close_gracefully();
                 }
             }
         }
@@ -735,5 +899,107 @@ mod tests {
         let _second = conns.try_admit().unwrap();
         assert_eq!(EVICTED.load(Ordering::SeqCst), 1);
         assert_eq!(CloseReason::EvictedIdle.as_str(), "evicted-idle");
+    }
+
+    /// A connection that stays pending until told how to end, and then ends at once.
+    #[derive(Default)]
+    struct FakeConn {
+        ended_by: Option<&'static str>,
+    }
+
+    impl Future for FakeConn {
+        type Output = Result<(), std::io::Error>;
+
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+            if self.ended_by.is_some() {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    impl Releasable for FakeConn {
+        type Error = std::io::Error;
+
+        fn close_gracefully(mut self: Pin<&mut Self>) {
+            self.ended_by = Some("close");
+        }
+
+        fn release(mut self: Pin<&mut Self>) {
+            self.ended_by = Some("release");
+        }
+    }
+
+    /// Goal: a connection is released only once it has served a request and then stayed
+    /// idle for the release time, never while a request is in flight, and the release
+    /// leaves its slot idle and unclaimed.
+    /// Method: paused clock, release time 1 s; a request in flight for 5 s (the serve
+    /// must still be running), then ended: the serve returns `Released` within 3 s.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_released_and_a_busy_one_is_not() {
+        let conns = table(2);
+        let only = conns.try_admit().unwrap();
+        let busy = only.requests().enter();
+        let mut conn = FakeConn::default();
+        let release_after = Duration::from_secs(1);
+        let running = tokio::time::timeout(
+            Duration::from_secs(5),
+            only.serve_or_release(Pin::new(&mut conn), release_after),
+        )
+        .await;
+        assert!(running.is_err(), "busy: neither released nor closed");
+        assert_eq!(conn.ended_by, None);
+        drop(busy);
+        let served = tokio::time::timeout(
+            Duration::from_secs(3),
+            only.serve_or_release(Pin::new(&mut conn), release_after),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!((served, conn.ended_by), (Served::Released, Some("release")));
+        assert!(!only.is_evicted());
+        assert!(
+            only.slot.claim_idle(),
+            "the released slot is idle and unclaimed"
+        );
+    }
+
+    /// Goal: a parked connection is idle to the table: the keep-alive timeout, counted
+    /// from its last response, ends the park, and so does an eviction at the limit.
+    /// Method: paused clock, a 60 s keep-alive timeout; park a served connection on a
+    /// wake that never comes: it stops with `KeepaliveTimeout` by 61 s. Then, with a
+    /// limit of 2, park a second served connection and admit two more: the park stops
+    /// with `Evicted`.
+    #[tokio::test(start_paused = true)]
+    async fn a_parked_connection_times_out_and_is_evicted_like_an_idle_one() {
+        let conns = table(2);
+        let first = conns.try_admit().unwrap();
+        drop(first.requests().enter());
+        let parked = tokio::time::timeout(
+            Duration::from_secs(61),
+            first.park(std::future::pending::<()>()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            parked,
+            Err(Stopped::KeepaliveTimeout { timeout_ms: 60_000 })
+        );
+        drop(first);
+
+        let second = conns.try_admit().unwrap();
+        drop(second.requests().enter());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let _third = conns.try_admit().unwrap();
+        let _fourth = conns.try_admit().unwrap();
+        let parked = tokio::time::timeout(
+            Duration::from_secs(5),
+            second.park(std::future::pending::<()>()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(parked, Err(Stopped::Evicted));
     }
 }

@@ -51,7 +51,7 @@ pub mod html;
 use crate::problem::Problem;
 pub use conns::{
     ADMISSION_RECHECK_MS, Admitted, CloseHook, CloseReason, ConnPolicy, Connections, InFlight,
-    RequestTracker, Stopped, TrackedBody,
+    Releasable, RequestTracker, Served, Stopped, TrackedBody,
 };
 
 /// Pause after a failed accept (for example EMFILE), so the loop does not spin.
