@@ -186,7 +186,11 @@ impl Pool {
                 });
             }
         }
-        let sender = match tokio::time::timeout(self.connect_timeout, self.dial()).await {
+        // Boxed: the dial's state (TCP, TLS and HTTP/2 handshakes) is large, and a
+        // request that finds a pooled connection should not carry its room in its own
+        // future, which is moved and copied whole.
+        let dial = Box::pin(self.dial());
+        let sender = match tokio::time::timeout(self.connect_timeout, dial).await {
             Ok(dialled) => dialled?,
             Err(_) => {
                 return Err(ProxyError::Upstream(format!(
