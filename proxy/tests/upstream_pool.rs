@@ -176,18 +176,25 @@ async fn requests_in_sequence_reuse_one_upstream_connection() {
     proxy.shutdown();
 }
 
-/// Goal: an `https://` upstream that picks HTTP/2 by ALPN is reached over one shared,
-/// multiplexed connection: requests in sequence and concurrent ones all succeed, all
-/// arrive as HTTP/2, over a single connection. Method: an h2-only TLS upstream with a
-/// throwaway certificate (trusted through `upstream_ca`) that records each request's
-/// version and counts connections; five requests in sequence, then eight at once.
-#[tokio::test]
-async fn an_h2_upstream_over_tls_shares_one_connection() {
+/// An h2-only TLS upstream with a throwaway certificate, answering `over h2`.
+struct H2Upstream {
+    addr: SocketAddr,
+    /// The certificate, for `upstream_ca`.
+    ca_path: std::path::PathBuf,
+    accepted: Arc<AtomicUsize>,
+    /// The version of each request it served.
+    versions: Arc<std::sync::Mutex<Vec<http::Version>>>,
+    /// Its connections' tasks, to close them.
+    connections: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn h2_tls_upstream() -> H2Upstream {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let ca_dir = tempfile::tempdir().unwrap();
-    let ca_path = ca_dir.path().join("ca.pem");
+    let dir = tempfile::tempdir().unwrap();
+    let ca_path = dir.path().join("ca.pem");
     std::fs::write(&ca_path, cert.cert.pem()).unwrap();
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()));
     let chain = vec![CertificateDer::from(cert.cert.der().to_vec())];
@@ -201,7 +208,12 @@ async fn an_h2_upstream_over_tls_shares_one_connection() {
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicUsize::new(0));
     let versions = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (count, record) = (Arc::clone(&accepted), Arc::clone(&versions));
+    let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (count, record, tasks) = (
+        Arc::clone(&accepted),
+        Arc::clone(&versions),
+        Arc::clone(&connections),
+    );
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -209,7 +221,7 @@ async fn an_h2_upstream_over_tls_shares_one_connection() {
             };
             count.fetch_add(1, Ordering::SeqCst);
             let (acceptor, record) = (acceptor.clone(), Arc::clone(&record));
-            tokio::spawn(async move {
+            let task = tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(stream).await else {
                     return;
                 };
@@ -225,42 +237,108 @@ async fn an_h2_upstream_over_tls_shares_one_connection() {
                     .serve_connection(TokioIo::new(tls), service)
                     .await;
             });
+            tasks.lock().unwrap().push(task);
         }
     });
+    H2Upstream {
+        addr,
+        ca_path,
+        accepted,
+        versions,
+        connections,
+        _dir: dir,
+    }
+}
 
-    let (proxy, _dir) = proxy(format!("https://localhost:{}", addr.port()), |c| {
-        c.upstream_ca = Some(ca_path.clone());
+/// GETs `path` from the proxy: status and text.
+async fn get(client: &reqwest::Client, proxy: &ProxyHandle, path: &str) -> (StatusCode, String) {
+    let response = client
+        .get(format!("http://{}{path}", proxy.listen))
+        .send()
+        .await
+        .unwrap();
+    (response.status(), response.text().await.unwrap())
+}
+
+/// Goal: an `https://` upstream that picks HTTP/2 by ALPN is reached over one shared,
+/// multiplexed connection: requests in sequence and concurrent ones all succeed, all
+/// arrive as HTTP/2, over a single connection. Method: an h2-only TLS upstream with a
+/// throwaway certificate (trusted through `upstream_ca`) that records each request's
+/// version and counts connections; five requests in sequence, then eight at once.
+#[tokio::test]
+async fn an_h2_upstream_over_tls_shares_one_connection() {
+    let upstream = h2_tls_upstream().await;
+    let ca = upstream.ca_path.clone();
+    let (proxy, _dir) = proxy(format!("https://localhost:{}", upstream.addr.port()), |c| {
+        c.upstream_ca = Some(ca);
     })
     .await;
+    let proxy = Arc::new(proxy);
     let client = client();
-    let get = |i: usize| {
-        let client = client.clone();
-        let url = format!("http://{}/h2/{i}", proxy.listen);
-        async move {
-            let response = client.get(url).send().await.unwrap();
-            (response.status(), response.text().await.unwrap())
-        }
-    };
     for i in 0..5 {
-        let (status, text) = get(i).await;
+        let (status, text) = get(&client, &proxy, &format!("/h2/{i}")).await;
         assert_eq!(status, StatusCode::OK, "{text}");
         assert_eq!(text, "over h2");
     }
-    let concurrent: Vec<_> = (5..13).map(|i| tokio::spawn(get(i))).collect();
+    let concurrent: Vec<_> = (5..13)
+        .map(|i| {
+            let (client, proxy) = (client.clone(), Arc::clone(&proxy));
+            tokio::spawn(async move { get(&client, &proxy, &format!("/h2/{i}")).await })
+        })
+        .collect();
     for task in concurrent {
         let (status, text) = task.await.unwrap();
         assert_eq!(status, StatusCode::OK, "{text}");
     }
-    let versions = versions.lock().unwrap().clone();
+    let versions = upstream.versions.lock().unwrap().clone();
     assert_eq!(versions.len(), 13);
     assert!(
         versions.iter().all(|v| *v == http::Version::HTTP_2),
         "{versions:?}"
     );
     assert_eq!(
-        accepted.load(Ordering::SeqCst),
+        upstream.accepted.load(Ordering::SeqCst),
         1,
         "one multiplexed connection"
     );
+    proxy.shutdown();
+}
+
+/// Goal: when the upstream closes the shared HTTP/2 connection, the proxy dials a new
+/// one: requests are served again, over a second connection. Method: the h2 TLS
+/// upstream; one request; the upstream's side of the connection is dropped; requests
+/// until one succeeds (a request racing the close may fail, as on any connection an
+/// upstream drops without `GOAWAY`), with a deadline; then five more must all succeed,
+/// and the upstream must have accepted exactly two connections.
+#[tokio::test]
+async fn a_closed_h2_upstream_connection_is_dialled_again() {
+    let upstream = h2_tls_upstream().await;
+    let ca = upstream.ca_path.clone();
+    let (proxy, _dir) = proxy(format!("https://localhost:{}", upstream.addr.port()), |c| {
+        c.upstream_ca = Some(ca);
+    })
+    .await;
+    let client = client();
+    assert_eq!(get(&client, &proxy, "/first").await.0, StatusCode::OK);
+    for task in upstream.connections.lock().unwrap().drain(..) {
+        task.abort();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, text) = get(&client, &proxy, "/again").await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request succeeded after the close: {status} {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..5 {
+        let (status, text) = get(&client, &proxy, &format!("/after/{i}")).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+    }
+    assert_eq!(upstream.accepted.load(Ordering::SeqCst), 2);
     proxy.shutdown();
 }

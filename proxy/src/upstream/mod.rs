@@ -536,6 +536,32 @@ mod tests {
         );
     }
 
+    /// Goal: a `Connection` header naming only `keep-alive` or `close` (any case) adds
+    /// nothing to remove, and one spread over several header lines has every line's
+    /// names removed.
+    /// Method: strip header maps with such `Connection` values.
+    #[test]
+    fn connection_tokens_on_every_line_count_and_plain_keep_alive_removes_only_itself() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("Keep-Alive"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-kept"], "1");
+
+        let mut h = HeaderMap::new();
+        h.append("connection", HeaderValue::from_static("close"));
+        h.append("connection", HeaderValue::from_static("x-first"));
+        h.append("connection", HeaderValue::from_static(" , X-Second"));
+        h.insert("x-first", HeaderValue::from_static("1"));
+        h.insert("x-second", HeaderValue::from_static("2"));
+        h.insert("x-kept", HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-kept"], "3");
+    }
+
     /// Goal: `TE: trailers` is recognised in any case and among other codings, and only
     /// the `trailers` token counts.
     /// Method: test header values.
