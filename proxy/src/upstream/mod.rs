@@ -320,6 +320,8 @@ impl HttpUpstream {
             // this one; look again a timeout later.
             let wake = deadline.unwrap_or_else(|| tokio::time::Instant::now() + self.timeout);
             tokio::select! {
+                // The exchange first, always: no random pick between the branches.
+                biased;
                 result = &mut send => return Some(result),
                 () = tokio::time::sleep_until(wake) => {}
             }
@@ -466,7 +468,12 @@ fn trim(token: &[u8]) -> &[u8] {
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let mut named: Vec<HeaderName> = Vec::new();
     for value in headers.get_all(header::CONNECTION) {
-        for token in tokens(value.as_bytes()) {
+        let value = value.as_bytes();
+        // The usual values, whole: nothing to split.
+        if value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close") {
+            continue;
+        }
+        for token in tokens(value) {
             let known = token.is_empty()
                 || token.eq_ignore_ascii_case(b"close")
                 || HOP_BY_HOP
