@@ -159,7 +159,7 @@ impl Pool {
                 }
                 state.idle.pop_back()
             };
-            let Some((since, mut sender)) = popped else {
+            let Some((since, sender)) = popped else {
                 break;
             };
             if sender.is_closed() {
@@ -177,14 +177,8 @@ impl Pool {
                     reused: true,
                 });
             }
-            // Returned as its response ended, before its connection's task had taken
-            // that in: it becomes ready (or closes) as soon as that task runs.
-            if let Ok(Ok(())) = tokio::time::timeout(self.connect_timeout, sender.ready()).await {
-                return Ok(Checkout {
-                    sender: Sender::Http1(sender),
-                    reused: true,
-                });
-            }
+            // Only ready connections are put back, and nothing else sends on them; one
+            // that is not ready now is closing. It is dropped, never waited for.
         }
         // Boxed: the dial's state (TCP, TLS and HTTP/2 handshakes) is large, and a
         // request that finds a pooled connection should not carry its room in its own
@@ -214,10 +208,29 @@ impl Pool {
 
     /// Puts an HTTP/1 connection whose response has ended back on the stack, dropping
     /// those idle past the expiry and, at `limits.upstream_idle_per_host`, the oldest.
-    pub(super) fn put(&self, sender: http1::SendRequest<RequestBody>) {
+    ///
+    /// A connection is ready for its next request once its task has taken in the end of
+    /// the response, which usually happened before the response's last frame was read
+    /// here. When not (the two tasks ran in parallel on two threads, or the upstream
+    /// answered before it took the whole request body), a task waits for it to become
+    /// ready, or close, before it is put back: no request ever waits for it.
+    pub(super) fn put(self: &Arc<Self>, mut sender: http1::SendRequest<RequestBody>) {
         if sender.is_closed() || self.idle_max == 0 {
             return;
         }
+        if !sender.is_ready() {
+            let pool = Arc::clone(self);
+            tokio::spawn(async move {
+                if sender.ready().await.is_ok() {
+                    pool.push(sender);
+                }
+            });
+            return;
+        }
+        self.push(sender);
+    }
+
+    fn push(&self, sender: http1::SendRequest<RequestBody>) {
         let now = Instant::now();
         let mut dropped = Vec::new();
         {
