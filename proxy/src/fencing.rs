@@ -24,12 +24,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dashmap::DashMap;
+use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::process::events;
 use palisade_storage::{Advance, AdvanceError, FenceRegister};
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::audit::Activity;
 use crate::error::ProxyError;
@@ -39,9 +41,16 @@ use crate::metrics as m;
 /// Admits fenced requests. Cheap to share behind an `Arc`.
 pub(crate) struct Fencer {
     register: FenceRegister,
-    /// Scope to its in-flight set. An entry exists only while something is in flight;
-    /// idle entries are removed so that unbounded scope names cannot grow memory.
-    inflight: DashMap<String, Arc<ScopeInflight>>,
+    /// The in-flight set of `default`, the scope most requests have, kept for the
+    /// proxy's life: tracking a request there needs no map lookup, no allocation and no
+    /// removal when the scope goes idle.
+    default: Arc<ScopeInflight>,
+    /// Every other scope to its in-flight set. An entry exists only while something is
+    /// in flight; idle entries are removed so that unbounded scope names cannot grow
+    /// memory. Scope names can be the client's (`Fencing-Scope`), so the hasher is
+    /// foldhash with a random seed per map: fast, and without the fixed seed that would
+    /// let a client pick names that all collide.
+    inflight: DashMap<Box<str>, Arc<ScopeInflight>, foldhash::fast::RandomState>,
     barrier_timeout: Duration,
     /// Fleet mode: the lease on the cluster's term, which fenced requests also need.
     lease: Option<Arc<Lease>>,
@@ -50,8 +59,9 @@ pub(crate) struct Fencer {
 }
 
 /// The fenced requests of one scope that are admitted or waiting, by token.
-#[derive(Default)]
 struct ScopeInflight {
+    /// The scope's name, for the guards of its requests (so they need no copy of it).
+    scope: Box<str>,
     state: Mutex<InflightState>,
     /// Woken whenever a request leaves the set, and when a reset ends.
     left: Notify,
@@ -74,6 +84,14 @@ impl InflightState {
 }
 
 impl ScopeInflight {
+    fn new(scope: &str) -> Arc<Self> {
+        Arc::new(Self {
+            scope: scope.into(),
+            state: Mutex::default(),
+            left: Notify::new(),
+        })
+    }
+
     fn lock(&self) -> MutexGuard<'_, InflightState> {
         // The critical sections below cannot panic half-way, so a poisoned lock still
         // guards a consistent state.
@@ -90,9 +108,15 @@ impl ScopeInflight {
 /// answered, or the request failed) lets higher-token requests of the scope proceed.
 pub(crate) struct InflightGuard {
     fencer: Arc<Fencer>,
-    scope: String,
     token: u64,
     set: Arc<ScopeInflight>,
+}
+
+impl InflightGuard {
+    /// The scope the request is in flight in.
+    pub(crate) fn scope(&self) -> &str {
+        &self.set.scope
+    }
 }
 
 impl Drop for InflightGuard {
@@ -107,7 +131,7 @@ impl Drop for InflightGuard {
             }
         }
         self.set.left.notify_waiters();
-        self.fencer.remove_if_idle(&self.scope);
+        self.fencer.remove_if_idle(&self.set);
     }
 }
 
@@ -115,7 +139,6 @@ impl Drop for InflightGuard {
 /// lets the scope's requests in again.
 struct ResetClaim {
     fencer: Arc<Fencer>,
-    scope: String,
     set: Arc<ScopeInflight>,
 }
 
@@ -123,7 +146,7 @@ impl Drop for ResetClaim {
     fn drop(&mut self) {
         self.set.lock().resetting = false;
         self.set.left.notify_waiters();
-        self.fencer.remove_if_idle(&self.scope);
+        self.fencer.remove_if_idle(&self.set);
     }
 }
 
@@ -146,7 +169,7 @@ pub(crate) struct Admitted {
 impl Drop for Admitted {
     fn drop(&mut self) {
         if let Some(deadline) = self.lease_deadline {
-            crate::fleet::check_overrun(deadline, &self.guard.scope, self.guard.token);
+            crate::fleet::check_overrun(deadline, self.guard.scope(), self.guard.token);
         }
     }
 }
@@ -155,7 +178,8 @@ impl Fencer {
     pub(crate) fn new(register: FenceRegister, barrier_timeout: Duration) -> Self {
         Self {
             register,
-            inflight: DashMap::new(),
+            default: ScopeInflight::new(DEFAULT_SCOPE),
+            inflight: DashMap::default(),
             barrier_timeout,
             lease: None,
             activity: Arc::default(),
@@ -176,20 +200,23 @@ impl Fencer {
     /// Per scope with requests in flight: how many, and how many of them wait at the
     /// barrier (hold a token above the scope's lowest in flight). For the status page.
     pub(crate) fn in_flight(&self) -> Vec<(String, u64, u64)> {
-        self.inflight
-            .iter()
-            .map(|entry| {
-                let state = entry.value().lock();
-                let lowest = state.tokens.keys().next().copied();
-                let (mut all, mut waiting) = (0u64, 0u64);
-                for (token, count) in &state.tokens {
-                    all += *count as u64;
-                    if Some(*token) != lowest {
-                        waiting += *count as u64;
-                    }
+        let count = |set: &ScopeInflight| {
+            let state = set.lock();
+            let lowest = state.tokens.keys().next().copied();
+            let (mut all, mut waiting) = (0u64, 0u64);
+            for (token, count) in &state.tokens {
+                all += *count as u64;
+                if Some(*token) != lowest {
+                    waiting += *count as u64;
                 }
-                (entry.key().clone(), all, waiting)
-            })
+            }
+            (set.scope.to_string(), all, waiting)
+        };
+        // `default` is listed, as the others are, only while it is busy.
+        let default = (!self.default.lock().is_idle()).then(|| count(&self.default));
+        default
+            .into_iter()
+            .chain(self.inflight.iter().map(|entry| count(entry.value())))
             .collect()
     }
 
@@ -202,7 +229,7 @@ impl Fencer {
     /// Scopes with something in flight or a reset under way.
     #[cfg(test)]
     pub(crate) fn busy_scopes(&self) -> usize {
-        self.inflight.len()
+        self.inflight.len() + usize::from(!self.default.lock().is_idle())
     }
 
     /// The fleet lease, in fleet mode.
@@ -237,8 +264,9 @@ impl Fencer {
         scope: &str,
         token: u64,
     ) -> Result<Admitted, ProxyError> {
+        // One reading of the clock serves both the deadline and the wait reported.
         let started = Instant::now();
-        let deadline = tokio::time::Instant::now() + self.barrier_timeout;
+        let deadline = started + self.barrier_timeout;
         // Phase 1: enter the in-flight set, before reading the fence (see the module docs).
         let guard = self
             .track_in_flight(scope, token, started, deadline)
@@ -274,10 +302,9 @@ impl Fencer {
         token: u64,
     ) -> Result<u64, ProxyError> {
         let started = Instant::now();
-        let deadline = tokio::time::Instant::now() + self.barrier_timeout;
-        let claim = {
-            let entry = self.inflight.entry(scope.to_owned()).or_default();
-            let mut state = entry.lock();
+        let deadline = started + self.barrier_timeout;
+        let claim = self.with_set(scope, |set| {
+            let mut state = set.lock();
             if state.resetting {
                 return Err(ProxyError::Unavailable(format!(
                     "a reset of scope {scope} is already under way"
@@ -285,12 +312,11 @@ impl Fencer {
             }
             state.resetting = true;
             drop(state);
-            ResetClaim {
+            Ok(ResetClaim {
                 fencer: Arc::clone(self),
-                scope: scope.to_owned(),
-                set: Arc::clone(&entry),
-            }
-        };
+                set: Arc::clone(set),
+            })
+        })?;
         loop {
             let left = claim.set.left.notified();
             tokio::pin!(left);
@@ -321,12 +347,36 @@ impl Fencer {
         .map_err(advance_error)
     }
 
-    /// Removes the scope's entry if nothing is in flight and no reset holds it.
-    /// `remove_if` holds the shard lock, and tracking inserts under the same lock, so no
-    /// request can enter a set that is being removed.
-    fn remove_if_idle(&self, scope: &str) {
+    /// Runs `f` on the in-flight set of `scope`, made if there is none, while the set
+    /// cannot be removed: `default`'s never is, and another scope's is held in the map
+    /// (under its shard's lock, read or write) for the whole of `f`, which
+    /// [`remove_if_idle`](Self::remove_if_idle) needs to write-lock. So whatever `f`
+    /// adds to the set is seen by any removal that follows.
+    fn with_set<T>(&self, scope: &str, f: impl FnOnce(&Arc<ScopeInflight>) -> T) -> T {
+        if scope == DEFAULT_SCOPE {
+            return f(&self.default);
+        }
+        // Most requests of a busy scope find its set: a read lock and no allocation.
+        if let Some(entry) = self.inflight.get(scope) {
+            return f(entry.value());
+        }
+        let entry = self
+            .inflight
+            .entry(scope.into())
+            .or_insert_with(|| ScopeInflight::new(scope));
+        f(entry.value())
+    }
+
+    /// Removes the scope's entry if nothing is in flight and no reset holds it
+    /// (`default`'s stays). `remove_if` holds the shard's write lock, and tracking adds
+    /// under a lock of the same shard ([`with_set`](Self::with_set)), so no request can
+    /// enter a set that is being removed.
+    fn remove_if_idle(&self, set: &Arc<ScopeInflight>) {
+        if Arc::ptr_eq(set, &self.default) {
+            return;
+        }
         self.inflight
-            .remove_if(scope, |_, set| set.lock().is_idle());
+            .remove_if(&*set.scope, |_, set| set.lock().is_idle());
     }
 
     /// Raises the fence to `token` (fsynced).
@@ -369,20 +419,23 @@ impl Fencer {
         deadline: tokio::time::Instant,
     ) -> Result<InflightGuard, ProxyError> {
         loop {
-            let set = {
-                let entry = self.inflight.entry(scope.to_owned()).or_default();
-                let mut state = entry.lock();
-                if !state.resetting {
-                    *state.tokens.entry(token).or_insert(0) += 1;
-                    drop(state);
+            let tracked = self.with_set(scope, |set| {
+                let mut state = set.lock();
+                if state.resetting {
+                    return Err(Arc::clone(set));
+                }
+                *state.tokens.entry(token).or_insert(0) += 1;
+                Ok(Arc::clone(set))
+            });
+            let set = match tracked {
+                Ok(set) => {
                     return Ok(InflightGuard {
                         fencer: Arc::clone(self),
-                        scope: scope.to_owned(),
                         token,
-                        set: Arc::clone(&entry),
+                        set,
                     });
                 }
-                Arc::clone(&entry)
+                Err(set) => set,
             };
             let ended = set.left.notified();
             tokio::pin!(ended);
@@ -421,13 +474,17 @@ impl Fencer {
                 counted = true;
                 metrics::counter!(m::BARRIER_WAITS).increment(1);
                 self.activity.barrier_wait();
-                tracing::debug!(scope = %guard.scope, token = guard.token, "waiting for lower-token writes in flight");
+                tracing::debug!(
+                    scope = guard.scope(),
+                    token = guard.token,
+                    "waiting for lower-token writes in flight"
+                );
             }
             if tokio::time::timeout_at(deadline, left).await.is_err() {
                 return Err(ProxyError::BarrierTimeout {
-                    scope: guard.scope.clone(),
+                    scope: guard.scope().to_owned(),
                     presented: guard.token,
-                    current: self.register.current(&guard.scope),
+                    current: self.register.current(guard.scope()),
                     waited_ms: elapsed_ms(started),
                 });
             }

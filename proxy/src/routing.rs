@@ -19,6 +19,8 @@
 //!   The request is forwarded with its original path; only the scope decision uses the
 //!   normalised one.
 
+use std::borrow::Cow;
+
 use http::request::Parts;
 use http::{HeaderName, Method, header};
 use palisade_protocol::headers::FENCING_SCOPE;
@@ -47,7 +49,8 @@ impl Class {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Decision {
     pub class: Class,
-    pub scope: String,
+    /// Borrowed for `default` (most requests), so deciding it allocates nothing.
+    pub scope: Cow<'static, str>,
     /// An `Upgrade` request its route allows: the connection is tunnelled after the
     /// response.
     pub upgrade: bool,
@@ -65,11 +68,11 @@ pub(crate) struct Classifier {
 
 /// The outcome of resolving one reading of a path against the routes: which route (by
 /// index), and the scope it gives (or why it gives none). Two readings of one path must
-/// resolve alike, or the path is ambiguous.
+/// resolve alike, or the path is ambiguous. The scope borrows from the route or the path.
 #[derive(Debug, PartialEq, Eq)]
-struct Resolution {
+struct Resolution<'a> {
     route: Option<usize>,
-    scope: Result<String, String>,
+    scope: Result<Cow<'a, str>, String>,
 }
 
 impl Classifier {
@@ -122,10 +125,19 @@ impl Classifier {
                     parts.method
                 )));
             }
-            let scope = self.scope(None, Ok(DEFAULT_SCOPE.to_owned()), client_scope(parts)?)?;
+            let scope = self.scope(None, Ok(Cow::Borrowed(DEFAULT_SCOPE)), client_scope(parts)?)?;
             return self.decide(parts, None, scope, upgrade_asked);
         }
-        let paths = readings(raw)?;
+        // Most paths are plain: their one reading is the path itself, resolved in place
+        // (see `readings`; this is on every request's path, so it allocates nothing).
+        if is_plain(raw) {
+            let header = client_scope(parts)?;
+            let first = self.resolve(raw);
+            let route = first.route.and_then(|i| self.routes.get(i));
+            let scope = self.scope(route, first.scope, header)?;
+            return self.decide(parts, route, scope, upgrade_asked);
+        }
+        let paths = all_readings(raw)?;
         let header = client_scope(parts)?;
         let mut resolutions = paths.iter().map(|p| self.resolve(p));
         // `readings` never returns an empty list; the normalised reading comes first.
@@ -152,7 +164,7 @@ impl Classifier {
         &self,
         parts: &Parts,
         route: Option<&Route>,
-        scope: Result<String, String>,
+        scope: Result<Cow<'static, str>, String>,
         upgrade_asked: bool,
     ) -> Result<Decision, ProxyError> {
         if upgrade_asked && !route.is_some_and(|r| r.upgrade) {
@@ -179,7 +191,7 @@ impl Classifier {
             Err(reason) if fenced => return Err(bad_scope(reason)),
             // An unfenced read needs no scope (`GET /` lists S3 buckets and has no
             // bucket segment); `default` only labels its log line.
-            Err(_) => DEFAULT_SCOPE.to_owned(),
+            Err(_) => Cow::Borrowed(DEFAULT_SCOPE),
         };
         Ok(Decision {
             class,
@@ -225,7 +237,7 @@ impl Classifier {
     }
 
     /// The route a reading of the path falls in, and the scope the route gives.
-    fn resolve(&self, path: &str) -> Resolution {
+    fn resolve<'a>(&'a self, path: &'a str) -> Resolution<'a> {
         let found = self
             .routes
             .iter()
@@ -234,12 +246,12 @@ impl Classifier {
         let Some((index, route)) = found else {
             return Resolution {
                 route: None,
-                scope: Ok(DEFAULT_SCOPE.to_owned()),
+                scope: Ok(Cow::Borrowed(DEFAULT_SCOPE)),
             };
         };
         let scope = match (&route.scope, route.scope_segment) {
-            (Some(fixed), _) => Ok(fixed.clone()),
-            (None, Some(n)) => segment_scope(path, n),
+            (Some(fixed), _) => Ok(Cow::Borrowed(fixed.as_str())),
+            (None, Some(n)) => segment_scope(path, n).map(Cow::Borrowed),
             // Validation requires one of the two; a route with neither gives no scope.
             (None, None) => Err(format!("route {:?} names no scope", route.prefix)),
         };
@@ -255,17 +267,20 @@ impl Classifier {
     /// every request, reads included, rather than silently ignored. The inner `Err` is a
     /// route that gives no scope for this path (no such segment), which only matters to
     /// a fenced request.
-    fn scope(
+    ///
+    /// The scope is checked, and made owned, only at the end: `default`, which most
+    /// requests have, is known to be valid and stays borrowed.
+    fn scope<'a>(
         &self,
         route: Option<&Route>,
-        resolved: Result<String, String>,
-        header: Option<String>,
-    ) -> Result<Result<String, String>, ProxyError> {
-        let scope = match (route, header) {
-            (None, None) => DEFAULT_SCOPE.to_owned(),
+        resolved: Result<Cow<'a, str>, String>,
+        header: Option<&'a str>,
+    ) -> Result<Result<Cow<'static, str>, String>, ProxyError> {
+        let scope: Cow<'a, str> = match (route, header) {
+            (None, None) => Cow::Borrowed(DEFAULT_SCOPE),
             // Naming the scope the proxy picks anyway chooses nothing (a client that
             // takes its scope from a node of the `default` scope sends it).
-            (None, Some(h)) if h == DEFAULT_SCOPE => h,
+            (None, Some(h)) if h == DEFAULT_SCOPE => Cow::Borrowed(h),
             (None, Some(_)) if !self.client_scopes => {
                 return Err(bad_scope(
                     "client-chosen scopes are off: Fencing-Scope is refused unless the proxy \
@@ -273,7 +288,7 @@ impl Classifier {
                      scope instead",
                 ));
             }
-            (None, Some(h)) => h,
+            (None, Some(h)) => Cow::Borrowed(h),
             (Some(r), Some(h)) if self.client_scopes && r.client_scope_prefix.is_some() => {
                 let prefix = r.client_scope_prefix.as_deref().unwrap_or_default();
                 if !h.starts_with(prefix) {
@@ -283,7 +298,7 @@ impl Classifier {
                         r.prefix
                     )));
                 }
-                h
+                Cow::Borrowed(h)
             }
             (Some(r), header) => {
                 let fixed = match resolved {
@@ -293,7 +308,7 @@ impl Classifier {
                 // Naming the route's own scope chooses nothing, so it is accepted even
                 // with client scopes off.
                 if let Some(h) = header
-                    && h != fixed
+                    && h != &*fixed
                 {
                     return Err(bad_scope(format!(
                         "Fencing-Scope {h:?} contradicts scope {fixed:?} of route {:?}",
@@ -303,8 +318,11 @@ impl Classifier {
                 fixed
             }
         };
+        if scope == DEFAULT_SCOPE {
+            return Ok(Ok(Cow::Borrowed(DEFAULT_SCOPE)));
+        }
         Scope::check(&scope).map_err(|reason| bad_scope(reason.to_string()))?;
-        Ok(Ok(scope))
+        Ok(Ok(Cow::Owned(scope.into_owned())))
     }
 }
 
@@ -327,15 +345,15 @@ fn asks_upgrade(headers: &http::HeaderMap) -> bool {
     })
 }
 
-/// The `Fencing-Scope` header, if one was sent.
-fn client_scope(parts: &Parts) -> Result<Option<String>, ProxyError> {
+/// The `Fencing-Scope` header, if one was sent (borrowed from the head).
+fn client_scope(parts: &Parts) -> Result<Option<&str>, ProxyError> {
     let mut values = parts.headers.get_all(FENCING_SCOPE).iter();
     match (values.next(), values.next()) {
         (None, _) => Ok(None),
         (Some(_), Some(_)) => Err(bad_scope("Fencing-Scope header is repeated")),
         (Some(v), None) => v
             .to_str()
-            .map(|s| Some(s.to_owned()))
+            .map(Some)
             .map_err(|_| bad_scope("Fencing-Scope is not ASCII")),
     }
 }
@@ -366,7 +384,7 @@ fn prefix_matches(route: &Route, path: &str) -> bool {
 }
 
 /// Segment `n` (1 is the first) of a normalised path, as a scope name.
-fn segment_scope(path: &str, n: usize) -> Result<String, String> {
+fn segment_scope(path: &str, n: usize) -> Result<&str, String> {
     let segment = path
         .split('/')
         .skip(1)
@@ -380,7 +398,7 @@ fn segment_scope(path: &str, n: usize) -> Result<String, String> {
             "segment {n} of path {path:?} is not a valid scope name (scope_segment = {n}): {reason}"
         )
     })?;
-    Ok(segment.to_owned())
+    Ok(segment)
 }
 
 /// The readings of a raw path the storage might take, normalised one first: after
@@ -422,13 +440,38 @@ fn all_readings(raw: &str) -> Result<Vec<String>, ProxyError> {
 /// Whether every reading of `raw` is `raw` itself: an absolute path of plain bytes, no
 /// percent-encoding, no backslash, no path parameter, no empty segment and no dot
 /// segment. Such a path is also one `decode` accepts unchanged.
+///
+/// One pass over the bytes, since this runs on every request: each segment is checked
+/// when the `/` after it (or the end) is reached.
 fn is_plain(raw: &str) -> bool {
-    raw.starts_with('/')
-        && raw
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && !matches!(b, b'%' | b'\\' | b';'))
-        && !raw.contains("//")
-        && raw.split('/').skip(1).all(|seg| seg != "." && seg != "..")
+    let bytes = raw.as_bytes();
+    if bytes.first() != Some(&b'/') {
+        return false;
+    }
+    // Where the current segment starts (after its `/`).
+    let mut start = 1;
+    for (i, &b) in bytes.iter().enumerate().skip(1) {
+        if !b.is_ascii_graphic() || matches!(b, b'%' | b'\\' | b';') {
+            return false;
+        }
+        if b == b'/' {
+            if !plain_segment(&bytes[start..i], false) {
+                return false;
+            }
+            start = i + 1;
+        }
+    }
+    plain_segment(&bytes[start..], true)
+}
+
+/// Whether a segment of a plain path is neither a dot segment nor empty (an empty last
+/// segment is a trailing slash, which is plain).
+fn plain_segment(segment: &[u8], last: bool) -> bool {
+    match segment {
+        b"" => last,
+        b"." | b".." => false,
+        _ => true,
+    }
 }
 
 /// The normalised form of a raw path, as routes see it: percent-decoded unreserved

@@ -38,13 +38,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use metrics::{Counter, Gauge};
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 
 use crate::error::ProxyError;
 use crate::fencing::Admitted;
@@ -137,7 +137,8 @@ impl BodyFault {
 
 /// What a streaming body and its forward share.
 pub(crate) struct Exchange {
-    /// When the exchange started; progress is counted in ms from here.
+    /// When the exchange started; progress is counted in ms from here. Also when its
+    /// body starts waiting for its client (one reading of the clock for both).
     started: Instant,
     /// Milliseconds from `started` to the body's last progress (a frame taken by the
     /// upstream, or its end).
@@ -169,8 +170,10 @@ impl Exchange {
             .take()
     }
 
-    fn progressed(&self) {
-        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    /// The body made progress at `at`.
+    fn progressed(&self, at: Instant) {
+        let since = at.saturating_duration_since(self.started);
+        let ms = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
         self.progress_ms.store(ms, Ordering::Relaxed);
     }
 
@@ -181,9 +184,7 @@ impl Exchange {
             return None;
         }
         let progress = Duration::from_millis(self.progress_ms.load(Ordering::Relaxed));
-        Some(tokio::time::Instant::from_std(
-            self.started + progress + timeout,
-        ))
+        Some(self.started + progress + timeout)
     }
 }
 
@@ -242,7 +243,7 @@ pub(crate) struct RequestBody<B = Incoming> {
     /// after progress.
     idle_timer: Option<Pin<Box<Sleep>>>,
     /// When the client last sent something (or the body started).
-    last_progress: tokio::time::Instant,
+    last_progress: Instant,
     /// Permits for the frame last handed over.
     held: Option<Held>,
     /// A frame read while the budget was exhausted, waiting for its permits.
@@ -283,7 +284,8 @@ impl<B> RequestBody<B> {
             idle: limits.idle,
             seen: 0,
             idle_timer: None,
-            last_progress: tokio::time::Instant::now(),
+            // The exchange's start is this body's too: no second reading of the clock.
+            last_progress: exchange.as_ref().map_or_else(Instant::now, |x| x.started),
             held: None,
             parked: None,
             exchange,
@@ -303,10 +305,11 @@ impl<B> RequestBody<B> {
         u64::try_from(self.idle.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Hands `frame` over with its permits, or parks it until the budget has room.
+    /// Hands `frame` over with its permits, or parks it until the budget has room. The
+    /// frame was read at `last_progress`.
     fn hand_over(&mut self, frame: Frame<Bytes>, bytes: u32) -> Option<Frame<Bytes>> {
         if let Ok(permit) = Arc::clone(&self.budget).try_acquire_many_owned(bytes) {
-            self.hold(permit, bytes);
+            self.hold(permit, bytes, self.last_progress);
             return Some(frame);
         }
         buffer_metrics().waits.increment(1);
@@ -315,9 +318,9 @@ impl<B> RequestBody<B> {
         None
     }
 
-    /// Holds `permit` for a frame being handed over, with the permits already held
-    /// (frames read ahead hold theirs together until they are all taken).
-    fn hold(&mut self, permit: OwnedSemaphorePermit, bytes: u32) {
+    /// Holds `permit` for a frame being handed over at `at`, with the permits already
+    /// held (frames read ahead hold theirs together until they are all taken).
+    fn hold(&mut self, permit: OwnedSemaphorePermit, bytes: u32, at: Instant) {
         buffer_metrics().held.increment(f64::from(bytes));
         match &mut self.held {
             Some(held) => {
@@ -327,7 +330,7 @@ impl<B> RequestBody<B> {
             None => self.held = Some(Held { permit, bytes }),
         }
         if let Some(exchange) = &self.exchange {
-            exchange.progressed();
+            exchange.progressed(at);
         }
     }
 
@@ -354,7 +357,7 @@ impl<B> RequestBody<B> {
         };
         match permit {
             Ok(permit) => {
-                self.hold(permit, bytes);
+                self.hold(permit, bytes, Instant::now());
                 Poll::Ready(Some(Ok(frame)))
             }
             // The budget is never closed; if it were, fail closed rather than send a
@@ -477,21 +480,21 @@ where
                     self.done = true;
                     if let Some(exchange) = &self.exchange {
                         exchange.waiting_for_client.store(false, Ordering::Relaxed);
-                        exchange.progressed();
+                        exchange.progressed(Instant::now());
                     }
                     return Poll::Ready(None);
                 }
                 Poll::Ready(Some(Err(e))) => return self.fail(BodyFault::Read(e.into())),
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
-            self.last_progress = tokio::time::Instant::now();
+            self.last_progress = Instant::now();
             if let Some(exchange) = &self.exchange {
                 exchange.waiting_for_client.store(false, Ordering::Relaxed);
             }
             let Some(data) = frame.data_ref() else {
                 // Trailers pass through as they are.
                 if let Some(exchange) = &self.exchange {
-                    exchange.progressed();
+                    exchange.progressed(self.last_progress);
                 }
                 return Poll::Ready(Some(Ok(frame)));
             };

@@ -502,6 +502,10 @@ fn plain_paths_take_the_fast_path_with_the_same_readings() {
         "/a\\b",
         "/a b",
         "*",
+        "/..",
+        "/a/.",
+        "/a//",
+        "/a/\u{e9}",
     ] {
         assert!(!is_plain(not_plain), "{not_plain:?} should not be plain");
     }
