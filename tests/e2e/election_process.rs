@@ -57,9 +57,15 @@ async fn three_processes_elect_one_established_leader() {
 }
 
 /// Goal: a paused (SIGSTOP) leader is replaced by a new established leader of a higher
-/// term, and once continued (SIGCONT) it reports follower of the new term without a token.
+/// term, and once continued (SIGCONT) it reports follower of the new term without a token,
+/// following the new leader (or a later one).
 /// Method: stop the leader, poll the other two until one holds a higher token, continue
-/// the old leader and poll it.
+/// the old leader and poll it until it names a leader of the new term or is in a later
+/// term. On its way there it may show "follower of the new term, leader unknown" for a
+/// moment, which is correct raft: a node adopts a higher term from a vote request or a
+/// response without learning the leader (for instance after its check-quorum stepped it
+/// down on resume), and learns the leader at the new leader's next heartbeat. A busy
+/// machine stretches that moment enough for a poll to see it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
     crate::use_tested_binary();
@@ -85,13 +91,26 @@ async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
 
     paused.guard.resume().unwrap();
     let resumed = until("the old leader to follow the new term", SETTLE, || async {
-        paused
-            .leadership()
-            .await
-            .filter(|v| v.role == Role::Follower && v.term >= new.term && v.token.is_none())
+        paused.leadership().await.filter(|v| {
+            v.role == Role::Follower
+                && v.term >= new.term
+                && v.token.is_none()
+                && (v.leader_id.is_some() || v.term > new.term)
+        })
     })
     .await;
-    assert!(resumed.leader_id.is_some() || resumed.term > new.term);
+    if resumed.term == new.term {
+        assert_eq!(
+            resumed.leader_id,
+            Some(new.node_id),
+            "in the new term the old leader follows the new leader"
+        );
+    }
+    assert_ne!(
+        resumed.leader_id,
+        Some(old.node_id),
+        "it never names itself"
+    );
     settled(&c, &ids, "the cluster to settle again").await;
 }
 
