@@ -1,8 +1,11 @@
 //! Leaders placed by score, with real `palisade node` processes on 127.0.0.1 started with
 //! `--score-oracle static`: each node's `--score` comes from its own environment
 //! (`PALISADE_SCORE`, set through a per-node `env` prefix), so the scores are known and
-//! the outcomes deterministic. Ticks of 50 ms: an election timeout of 500 ms for the best
-//! node, and a rank slot of 100 ms.
+//! the outcomes deterministic. Ticks of 50 ms and `--election-ticks 10` (set here, not the
+//! default of 5): an election timeout of 500 ms for the best node, and a rank slot of
+//! 100 ms. The tests assert which node leads first after a cold start, which needs every
+//! node to hear the others' scores before the first timeout runs out; 250 ms (the
+//! default ticks at 50 ms) is shorter than starting three processes on a busy machine.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
@@ -32,6 +35,8 @@ fn start_scored(dir: &std::path::Path, scores: &[f64]) -> Cluster {
         node_flags: [
             "--tick-ms",
             "50",
+            "--election-ticks",
+            "10",
             "--score-oracle",
             "static",
             "--score-hold-ms",
