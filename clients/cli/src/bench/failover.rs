@@ -48,14 +48,16 @@ pub(crate) struct FailoverArgs {
     /// Number of election nodes (3 to 7).
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    /// raft tick of the nodes, in milliseconds.
-    #[arg(long, default_value_t = 100)]
+    /// raft tick of the nodes, in milliseconds (the node's default).
+    #[arg(long, default_value_t = palisade_election::TICK_MS_DEFAULT)]
     tick_ms: u64,
-    /// Ticks between leader heartbeats.
-    #[arg(long, default_value_t = 1)]
+    /// Ticks between leader heartbeats (the node's default).
+    #[arg(long, default_value_t = palisade_election::HEARTBEAT_TICKS_DEFAULT)]
     heartbeat_ticks: u64,
-    /// Ticks without a leader before a follower campaigns (randomized up to twice this).
-    #[arg(long, default_value_t = 10)]
+    /// Ticks without a leader before a follower campaigns (the node's default). With the
+    /// default score ranking the best-ranked follower campaigns one tick after it;
+    /// with `--score-oracle off` on the nodes raft randomizes it up to twice this.
+    #[arg(long, default_value_t = palisade_election::ELECTION_TICKS_DEFAULT)]
     election_ticks: u64,
     /// How often the nodes and the proxy are polled during a failover, in milliseconds.
     #[arg(long, default_value_t = 10)]
