@@ -106,19 +106,21 @@ pub(crate) fn children_run_this_binary() -> Result<(), Failure> {
 
 /// jemalloc, with the options in [`JEMALLOC_CONF`], chosen over glibc's malloc and
 /// mimalloc by measurement of the proxy's data path (release builds of one tree differing
-/// only in the allocator; 1 KiB PUTs with an equal token, nginx answering upstream;
-/// 2026-11-23):
+/// only in the allocator, jemalloc's options varied on one binary; 1 KiB PUTs with an
+/// equal token, nginx answering upstream; 2026-11-23):
 ///
 /// - instructions per request (callgrind, 1 worker thread, 8 connections, the difference
-///   of a 6,000- and a 1,000-request run over 5,000): glibc 48,216 (of which 2,671 in
-///   malloc and free), jemalloc with these options 46,674, jemalloc with its defaults
-///   46,895 (1,393 in the allocator). An earlier round with mimalloc: 2,555 in the
+///   of a 6,000- and a 1,000-request run over 5,000; user space only): glibc 48,216 (of
+///   which 2,671 in malloc and free), jemalloc with its defaults 46,895 (1,393 in the
+///   allocator), with these options 46,645. An earlier round with mimalloc: 2,555 in the
 ///   allocator against glibc's 3,826 (Rust's aligned entry points take its slower path);
 /// - resident memory (`tests/bench/memory.sh`, 2 workers; MiB at rest / 1,000 idle
 ///   connections / peak under load from 64 / from 1,000 connections): glibc
-///   14.4 / 33.1 / 34.2 / 67.0 and 13.7 / 22.6 / 27.0 / 68.5 (two runs), jemalloc with
-///   these options 15.2 / 26.6 / 26.2 / 62.4, jemalloc with its defaults
-///   15.2 / 40.6 / 42.2 / 81.2, mimalloc (earlier round) 24.1 / 75.1 / 75.3 / 103.8.
+///   14.4 / 33.1 / 34.2 / 67.0, 13.7 / 22.6 / 27.0 / 68.5, 14.2 / 23.3 / 27.4 / 76.3 and
+///   14.0 / 28.9 / 30.4 / 68.4 (four runs); jemalloc with these options
+///   15.1 / 21.3 / 23.5 / 53.6; with its defaults 15.2 / 40.6 / 42.2 / 81.2; with 1 s
+///   decay instead of 0, 15.2 / 35.1 / 31.1 / 66.7; mimalloc (earlier round)
+///   24.1 / 75.1 / 75.3 / 103.8.
 ///
 /// jemalloc compiles its C sources with cc and make at build time (about 2 minutes of a
 /// clean release build on 2 busy cores). `--no-default-features` builds with the C
@@ -129,19 +131,19 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read at its first allocation (`_RJEM_MALLOC_CONF` in the
 /// environment can override them). With its defaults, jemalloc used 7 to 14 MiB more
-/// than glibc's malloc above (idle and busy connections): it makes 4 arenas per CPU, each
-/// keeping its own freed pages, and keeps freed pages for 10 s. The proxy allocates from
-/// a few worker threads, so 2 arenas serve it (and cost no instructions measured above);
-/// freed pages go back to the system after 1 s, and lazily-purged ("muzzy") pages are
-/// not kept at all. Turning the thread caches off as well, or purging at once, cost a
-/// third more instructions per request, so neither is done.
+/// than glibc's malloc above: it makes 4 arenas per CPU, each keeping its own freed
+/// pages, and gives freed pages back to the system only over 10 s. The proxy allocates
+/// from a few worker threads, so 2 arenas serve it, and freed page runs go back at once
+/// (`dirty_decay_ms:0`; "muzzy" pages are not kept either), which cost no user-space
+/// instructions measured above. The thread caches stay on: turning them off too cost a
+/// third more instructions per request.
 #[cfg(feature = "jemalloc")]
 // jemalloc reads this C string through its `malloc_conf` symbol (prefixed as this
 // build of it is), which a static can only provide under that exact name. It is a
 // plain, immutable, NUL-terminated byte string, so nothing can be misread.
 #[allow(unsafe_code)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static JEMALLOC_CONF: &[u8; 47] = b"narenas:2,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+static JEMALLOC_CONF: &[u8; 44] = b"narenas:2,dirty_decay_ms:0,muzzy_decay_ms:0\0";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
