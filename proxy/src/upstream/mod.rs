@@ -167,13 +167,8 @@ impl HttpUpstream {
             .then(|| parts.headers.get(header::UPGRADE).cloned())
             .flatten();
         strip_hop_by_hop(&mut parts.headers);
-        if let Some(protocol) = protocol {
-            // The one hop-by-hop exchange passed on: the route allows it.
-            parts
-                .headers
-                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            parts.headers.insert(header::UPGRADE, protocol);
-        }
+        // The one hop-by-hop exchange passed on: the route allows it.
+        pass_upgrade(&mut parts.headers, protocol);
         if te_trailers {
             // The client takes response trailers: ask the upstream for them on this hop.
             parts
@@ -252,12 +247,7 @@ impl HttpUpstream {
             .as_ref()
             .and_then(|_| parts.headers.get(header::UPGRADE).cloned());
         strip_hop_by_hop(&mut parts.headers);
-        if let Some(protocol) = protocol {
-            parts
-                .headers
-                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            parts.headers.insert(header::UPGRADE, protocol);
-        }
+        pass_upgrade(&mut parts.headers, protocol);
         let body = match (&tunnel, conn) {
             // An HTTP/1 connection goes back to the pool when this body has ended.
             (None, Some(Sender::Http1(sender))) => {
@@ -465,6 +455,15 @@ fn trim(token: &[u8]) -> &[u8] {
 /// names, and then each name present is compared with the fixed list alone. Only
 /// names found present are removed, one lookup each. Only a `Connection` that names
 /// other headers has its names parsed, once.
+/// Puts back the upgrade that [`strip_hop_by_hop`] removed, for an exchange whose route
+/// allows upgrades (`protocol` is its `Upgrade` value; `None`: nothing to pass on).
+fn pass_upgrade(headers: &mut HeaderMap, protocol: Option<HeaderValue>) {
+    if let Some(protocol) = protocol {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, protocol);
+    }
+}
+
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let mut named: Vec<HeaderName> = Vec::new();
     for value in headers.get_all(header::CONNECTION) {
