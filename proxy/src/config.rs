@@ -29,6 +29,10 @@ pub const METHOD_OVERRIDE_HEADERS_DEFAULT: [&str; 3] = [
 ];
 /// Default of `limits.body_buffer_bytes_max`: 32 MiB over all connections.
 pub const BODY_BUFFER_BYTES_MAX_DEFAULT: u64 = 32 * 1024 * 1024;
+/// Most data-path threads `reuseport_threads` accepts: far above any core count this
+/// runs on, low enough that a typo cannot start thousands of threads and sockets.
+pub const REUSEPORT_THREADS_MAX: usize = 256;
+
 /// Default of `limits.admin_connections_max`.
 pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 64;
 /// Default of `lease_write_bound_ms`: the same default as the nodes' `--lease-write-bound-ms`.
@@ -179,6 +183,16 @@ pub struct ProxyConfig {
     pub audit_log_bytes_max: u64,
     /// Rotated audit files kept besides the current one; older ones are deleted.
     pub audit_log_keep: u32,
+    /// Serve the client listener with this many OS threads, each with its own
+    /// single-threaded runtime and its own listening socket on `listen` (`SO_REUSEPORT`:
+    /// the kernel spreads new connections across them), as event-loop-per-core servers
+    /// do: a connection stays on the thread that accepted it, so no worker steals or
+    /// wakes another. `limits.connections_max` is split across the threads (each admits
+    /// at most `ceil(connections_max / reuseport_threads)`); every other limit is
+    /// unchanged. The admin API, fleet lease renewal and the async runtime's other work
+    /// stay on the main runtime. 0 (the default): the client listener is served by the
+    /// main runtime. At most [`REUSEPORT_THREADS_MAX`].
+    pub reuseport_threads: usize,
     /// Limits on everything the outside world can make the proxy hold.
     pub limits: Limits,
 }
@@ -275,6 +289,7 @@ pub struct AdminTlsConfig {
 pub struct Limits {
     /// Client connections open at once. At the limit, connections that are idle or have
     /// not sent a request head yet are closed to make room; if none is, accepts wait.
+    /// With `reuseport_threads`, each thread admits at most its share, rounded up.
     pub connections_max: usize,
     /// Time a client has to send a complete request head, counted from accept (or from
     /// the end of the previous response on a keep-alive connection), in milliseconds.
@@ -389,6 +404,7 @@ impl Default for ProxyConfig {
             audit_log: None,
             audit_log_bytes_max: palisade_protocol::audit::AUDIT_LOG_BYTES_MAX_DEFAULT,
             audit_log_keep: palisade_protocol::audit::AUDIT_LOG_KEEP_DEFAULT,
+            reuseport_threads: 0,
             limits: Limits::default(),
         }
     }
@@ -416,6 +432,15 @@ impl ProxyConfig {
 
     /// Checks every field and every relation between fields; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.reuseport_threads > REUSEPORT_THREADS_MAX {
+            return Err(invalid(
+                "reuseport_threads",
+                format!(
+                    "{} threads; at most {REUSEPORT_THREADS_MAX} (0 turns the mode off)",
+                    self.reuseport_threads
+                ),
+            ));
+        }
         if let Some(upstream) = &self.upstream {
             let uri: http::Uri = upstream
                 .parse()

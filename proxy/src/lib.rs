@@ -41,7 +41,8 @@
 //! - `auth`: the admin API's bearer token and the middleware layer that requires it.
 //! - `server`: the data path's listener: TLS, HTTP/1.1 and h2c, connection limits
 //!   (through the protocol crate's connection table: timeouts from accept, idle-first
-//!   eviction), graceful shutdown.
+//!   eviction), graceful shutdown. With `reuseport_threads`, [`start`] runs one per OS
+//!   thread, each on its own single-threaded runtime and `SO_REUSEPORT` socket.
 //! - `fds`: the file-descriptor limit raised at start to what the limits need.
 //! - `tls`: rustls configuration from PEM files.
 //! - `error`: [`ProxyError`], who caused it, and its one problem+json answer.
@@ -87,7 +88,7 @@ pub use audit::{AUDIT_PATH_BYTES_MAX, RAISE_TIMES_SCOPES_MAX, REJECTIONS_KEPT};
 pub use auth::{ADMIN_TOKEN_FILE_BYTES_MAX, AuthError};
 pub use config::{
     ADMIN_TOKEN_BYTES_MIN, AUDIT_LOG_BYTES_MIN, AdminTlsConfig, ClusterTlsConfig, ConfigError,
-    Limits, ProxyConfig, Route, RouteClass, TlsConfig, UpstreamHost,
+    Limits, ProxyConfig, REUSEPORT_THREADS_MAX, Route, RouteClass, TlsConfig, UpstreamHost,
 };
 pub use embedded::LIST_KEYS_MAX;
 pub use error::{Cause, ProxyError};
@@ -127,6 +128,14 @@ pub enum StartError {
     Audit {
         /// The file.
         path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A data-path thread (`reuseport_threads`) or its runtime could not start.
+    #[error("cannot start data-path thread {index}: {source}")]
+    DataThread {
+        /// The thread's index, from 0.
+        index: usize,
         /// The cause.
         source: std::io::Error,
     },
@@ -231,13 +240,27 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
             .await
             .map_err(|source| StartError::Bind { addr, source })
     };
-    let client_listener = bind(config.listen).await?;
-    let admin_listener = bind(config.admin_listen).await?;
     let local = |l: &TcpListener, addr| {
         l.local_addr()
             .map_err(|source| StartError::Bind { addr, source })
     };
-    let listen = local(&client_listener, config.listen)?;
+    // With `reuseport_threads`, every socket is bound here, before `start` returns, so
+    // that the ready line means the port is served; the first one's port (the real port
+    // when the config said 0) is the others' address.
+    let (client_listeners, listen) = if config.reuseport_threads == 0 {
+        let listener = bind(config.listen).await?;
+        let listen = local(&listener, config.listen)?;
+        (vec![listener], listen)
+    } else {
+        let first = bind_reuseport(config.listen)?;
+        let listen = local(&first, config.listen)?;
+        let mut listeners = vec![first];
+        for _ in 1..config.reuseport_threads {
+            listeners.push(bind_reuseport(listen)?);
+        }
+        (listeners, listen)
+    };
+    let admin_listener = bind(config.admin_listen).await?;
     let admin = local(&admin_listener, config.admin_listen)?;
 
     let audit = config
@@ -296,12 +319,25 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     };
     let admin_limits = admin::limits(limits, client_settings.drain_timeout);
     let mut tasks = JoinSet::new();
-    tasks.spawn(server::serve(
-        client_listener,
-        client_settings,
-        shutdown_rx.clone(),
-        move |req, peer| service::handle(Arc::clone(&shared), req, peer),
-    ));
+    if config.reuseport_threads == 0 {
+        for listener in client_listeners {
+            let shared = Arc::clone(&shared);
+            tasks.spawn(server::serve(
+                listener,
+                client_settings.clone(),
+                shutdown_rx.clone(),
+                move |req, peer| service::handle(Arc::clone(&shared), req, peer),
+            ));
+        }
+    } else {
+        data_threads(
+            client_listeners,
+            &client_settings,
+            &shared,
+            &shutdown_rx,
+            &mut tasks,
+        )?;
+    }
     let fleet_name = config.fleet_name_for(admin);
     if fleet.is_some() && config.fleet_name.is_none() && admin.ip().is_unspecified() {
         tracing::warn!(fleet_name = %fleet_name,
@@ -346,6 +382,110 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     })
 }
 
+/// Backlog of each `reuseport_threads` listening socket: tokio's own for
+/// `TcpListener::bind`, so the mode queues as many connections per socket as the default.
+const REUSEPORT_BACKLOG: u32 = 1024;
+
+/// Binds one of the client listener's `SO_REUSEPORT` sockets to `addr`.
+fn bind_reuseport(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    let bind = || {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_reuseport(true)?;
+        socket.bind(addr)?;
+        socket.listen(REUSEPORT_BACKLOG)
+    };
+    bind().map_err(|source| StartError::Bind { addr, source })
+}
+
+/// Starts one OS thread per listener (`reuseport_threads`), each with its own
+/// single-threaded runtime serving its listener with `settings` (its share of
+/// `connections_max`), the same shared state and the same shutdown signal. A task in
+/// `tasks` waits for each thread, so the handle's `wait` covers their drains; a thread
+/// that panicked is logged and counts as its listener having stopped.
+fn data_threads(
+    listeners: Vec<TcpListener>,
+    settings: &ListenerSettings,
+    shared: &Arc<Shared>,
+    shutdown: &watch::Receiver<bool>,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), StartError> {
+    let threads = listeners.len();
+    let mut settings = settings.clone();
+    settings.connections_max = settings.connections_max.div_ceil(threads);
+    for (index, listener) in listeners.into_iter().enumerate() {
+        // Moved between runtimes as a plain socket: a tokio listener is registered with
+        // the reactor of the runtime that made it, and must be served by that one.
+        let listener = listener
+            .into_std()
+            .map_err(|source| StartError::DataThread { index, source })?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name(format!("palisade-data-{index}"))
+            .build()
+            .map_err(|source| StartError::DataThread { index, source })?;
+        let settings = settings.clone();
+        let shared = Arc::clone(shared);
+        let shutdown = shutdown.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("palisade-data-{index}"))
+            .spawn(move || {
+                // Counted here, per thread, for the log line at its end: how the kernel
+                // spread the load across the sockets.
+                let requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                let counted = Arc::clone(&requests);
+                runtime.block_on(async move {
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(thread = index, cause = %e,
+                                "cannot register the data-path listener; this thread serves nothing");
+                            return;
+                        }
+                    };
+                    server::serve(listener, settings, shutdown, move |req, peer| {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        service::handle(Arc::clone(&shared), req, peer)
+                    })
+                    .await;
+                });
+                // Ends the connection tasks still on this runtime (past the drain
+                // timeout), and the upstream connections dialled from it: pooled ones
+                // then read as closed wherever they are checked out.
+                drop(runtime);
+                tracing::info!(
+                    thread = index,
+                    requests = requests.load(std::sync::atomic::Ordering::Relaxed),
+                    "data-path thread stopped"
+                );
+            })
+            .map_err(|source| StartError::DataThread { index, source })?;
+        tasks.spawn(async move {
+            match tokio::task::spawn_blocking(move || thread.join()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(panic)) => {
+                    let cause = panic
+                        .downcast_ref::<&str>()
+                        .map(ToString::to_string)
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".to_owned());
+                    tracing::error!(thread = index, cause = %cause,
+                        "a data-path thread panicked; its listener has stopped");
+                }
+                Err(e) => {
+                    tracing::error!(thread = index, cause = %e,
+                        "lost track of a data-path thread");
+                }
+            }
+        });
+    }
+    Ok(())
+}
+
 /// Fleet mode: a client of each node's API, with the cluster TLS settings; `None` in
 /// standalone mode.
 fn fleet_nodes(config: &ProxyConfig) -> Result<Option<Vec<palisade_client::NodeApi>>, StartError> {
@@ -381,4 +521,51 @@ fn fleet_nodes(config: &ProxyConfig) -> Result<Option<Vec<palisade_client::NodeA
         })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use hyper_util::rt::TokioIo;
+
+    /// Goal: an upstream connection dialled from a data-path thread (`reuseport_threads`)
+    /// whose thread has ended reads as closed from any other thread, so the upstream pool
+    /// drops it instead of sending on it. Method: a thread with its own current-thread
+    /// runtime dials a loopback listener, spawns hyper's connection task there and hands
+    /// the sender out; the sender is open while the thread runs and closed once the
+    /// thread, and with it its runtime, has ended.
+    #[test]
+    fn a_connection_whose_thread_ended_reads_as_closed() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (sender_tx, sender_rx) = std::sync::mpsc::channel();
+        let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let (sender, connection) = hyper::client::conn::http1::handshake::<
+                    _,
+                    http_body_util::Empty<bytes::Bytes>,
+                >(TokioIo::new(tcp))
+                .await
+                .unwrap();
+                tokio::spawn(connection);
+                sender_tx.send(sender).unwrap();
+                // Runs the connection's task until told to end.
+                tokio::task::spawn_blocking(move || end_rx.recv())
+                    .await
+                    .unwrap()
+                    .unwrap();
+            });
+        });
+        let (_upstream_side, _) = listener.accept().unwrap();
+        let sender = sender_rx.recv().unwrap();
+        assert!(!sender.is_closed(), "open while its thread runs");
+        end_tx.send(()).unwrap();
+        thread.join().unwrap();
+        assert!(sender.is_closed(), "closed once its thread has ended");
+    }
 }

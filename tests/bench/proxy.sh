@@ -25,6 +25,10 @@
 # nginx (one worker, no master process), palisade (one worker thread) and, with
 # BASELINE_BIN, the baseline; 8 connections.
 #
+# BENCH_PALISADE_ARGS="FLAGS" appends FLAGS (split on spaces) to the palisade target's
+# `palisade proxy` flags (not the baseline's), say "--reuseport-threads 2
+# --worker-threads 1" to measure the thread-per-core mode at BENCH_THREADS=2.
+#
 # Environment (defaults): BENCH_THREADS ("1 2"), BENCH_ROUNDS (5), BENCH_DURATION (4 s),
 # BENCH_WARMUP (1 s), BENCH_CONNECTIONS (32), BENCH_BODY_BYTES (1024), BENCH_DIR
 # (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0 s: how long to wait for a quiet machine),
@@ -190,8 +194,9 @@ for threads in $THREADS; do
 
   pal_port="$(free_port)"
   pal_admin="$(free_port)"
+  read -r -a pal_extra <<<"${BENCH_PALISADE_ARGS:-}"
   start_palisade_proxy "palisade-$threads" "$pal_port" "$pal_admin" "$threads" "$proxy_cpus" \
-    --upstream "http://127.0.0.1:$up_port"
+    --upstream "http://127.0.0.1:$up_port" "${pal_extra[@]}"
   pal_group="$SPAWNED"
   pal_pid="$(pgrep -g "$pal_group" -x palisade)"
   curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \

@@ -12,6 +12,8 @@
 //!   announce still served in time; silent connections closed at the header timeout.
 //! - `proxy_idle`: idle keep-alive connections parked without their HTTP state: served
 //!   again (TCP and TLS), closed at the keep-alive timeout, evicted oldest first.
+//! - `proxy_reuseport`: `--reuseport-threads`: connections spread over the threads,
+//!   fences shared by them, every thread drained on SIGTERM, a bad count refused.
 //! - `proxy_fencing`: the proxy's fencing rules against a recording upstream, restarts
 //!   and `kill -9`.
 //! - `proxy_routing`: classification that fails closed: path spellings, methods, scope
@@ -54,6 +56,7 @@ mod fleet_proxy;
 mod proxy_connections;
 mod proxy_fencing;
 mod proxy_idle;
+mod proxy_reuseport;
 mod proxy_routing;
 mod proxy_streaming;
 mod proxy_transport;

@@ -116,6 +116,11 @@ pub(crate) struct ProxyArgs {
     /// Rotate the audit log when it would grow past this size [default: 67108864].
     #[arg(long, value_name = "BYTES", env = "PALISADE_AUDIT_LOG_BYTES_MAX")]
     audit_log_bytes_max: Option<u64>,
+    /// Serve client connections with N threads, each with its own single-threaded
+    /// runtime and `SO_REUSEPORT` socket on --listen (`connections_max` is split across
+    /// them); 0: off, the client listener runs on the main runtime [default: 0].
+    #[arg(long, value_name = "N", env = "PALISADE_REUSEPORT_THREADS")]
+    reuseport_threads: Option<usize>,
 }
 
 impl ProxyArgs {
@@ -205,6 +210,9 @@ impl ProxyArgs {
         }
         if let Some(v) = self.audit_log_bytes_max {
             config.audit_log_bytes_max = v;
+        }
+        if let Some(v) = self.reuseport_threads {
+            config.reuseport_threads = v;
         }
         Ok(config)
     }
