@@ -438,6 +438,7 @@ fn data_threads(
                 // spread the load across the sockets.
                 let requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
                 let counted = Arc::clone(&requests);
+                upstream::set_thread_shard(index);
                 runtime.block_on(async move {
                     let listener = match TcpListener::from_std(listener) {
                         Ok(l) => l,

@@ -7,6 +7,8 @@
 
 mod pool;
 
+pub(crate) use pool::set_thread_shard;
+
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,6 +123,7 @@ impl HttpUpstream {
             tls,
             Duration::from_millis(limits.upstream_connect_timeout_ms),
             limits.upstream_idle_per_host,
+            config.reuseport_threads,
         )?;
         Ok(Self {
             pool: Arc::new(pool),

@@ -61,7 +61,23 @@ pub(super) struct Pool {
     idle_expiry: Duration,
     http1: http1::Builder,
     http2: http2::Builder<TokioExecutor>,
-    state: Mutex<State>,
+    /// One pool per data-path thread (`reuseport_threads`; one in all when that is off).
+    /// A connection's task runs on the runtime that dialled it, so a request that took a
+    /// connection dialled by another thread would cross threads at every step of its
+    /// exchange; each thread takes and returns its own instead.
+    shards: Box<[Mutex<State>]>,
+}
+
+std::thread_local! {
+    /// The pool shard of this thread: its index among the data-path threads, set when
+    /// the thread starts ([`set_thread_shard`]); 0 on every other thread.
+    static SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes this thread take and return upstream connections in shard `index` of every
+/// pool (a data-path thread of `reuseport_threads` calls it once, as it starts).
+pub(crate) fn set_thread_shard(index: usize) {
+    SHARD.with(|s| s.set(index));
 }
 
 /// What the lock guards: held only to push or pop, never across an await.
@@ -96,6 +112,7 @@ impl Pool {
         tls: rustls::ClientConfig,
         connect_timeout: Duration,
         idle_max: usize,
+        shards: usize,
     ) -> Result<Self, StartError> {
         let https = *scheme == Scheme::HTTPS;
         let host = authority
@@ -128,18 +145,25 @@ impl Pool {
             addr,
             tls,
             connect_timeout,
-            idle_max,
+            // `limits.upstream_idle_per_host` is for the whole proxy: each shard keeps
+            // its share, rounded up.
+            idle_max: idle_max.div_ceil(shards.max(1)),
             idle_expiry: Duration::from_millis(IDLE_EXPIRY_MS),
             http1: http1::Builder::new(),
             http2: http2::Builder::new(TokioExecutor::new()),
-            state: Mutex::new(State::default()),
+            shards: (0..shards.max(1))
+                .map(|_| Mutex::new(State::default()))
+                .collect(),
         })
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
         // The lock guards plain pushes and pops; a panic elsewhere cannot leave the
         // stack half-changed, so a poisoned lock is still consistent.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        let shard = SHARD.with(std::cell::Cell::get) % self.shards.len();
+        self.shards[shard]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// A connection ready for a request: the shared HTTP/2 one, the most recently idle
