@@ -242,6 +242,69 @@ async fn parked_connection_is_closed_at_the_keepalive_timeout() {
     assert!(parked(proxy.admin).await < 0.5, "nothing is left parked");
 }
 
+/// Goal: parking opens no slow-loris hole: a parked connection woken by part of a head
+/// that then stalls is closed at the header timeout, counted from that first byte, not
+/// kept until the keep-alive timeout.
+/// Method: a 2 s header timeout and a 60 s keep-alive timeout; 3 connections send one
+/// GET each; wait until parked; each sends the start of a head and nothing more; each
+/// must be closed by the proxy within 10 s (the keep-alive timeout is far later), with
+/// no answer sent, and none is left parked.
+#[tokio::test]
+async fn parked_connection_woken_by_a_partial_head_is_closed_at_the_header_timeout() {
+    const COUNT: usize = 3;
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let config = write_config(
+        dir.path(),
+        "[limits]\nheader_read_timeout_ms = 2000\nkeepalive_timeout_ms = 60000\n",
+    );
+    let proxy = start_proxy(
+        dir.path(),
+        &["--upstream", &upstream.url(), "--config", &config],
+    );
+    let mut held = Vec::new();
+    for i in 0..COUNT {
+        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
+        let status = get(&mut stream, &format!("/idle/{i}")).await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        held.push(stream);
+    }
+    wait_parked(proxy.admin, COUNT).await;
+    for stream in &mut held {
+        stream
+            .write_all(b"PUT /slow HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        stream.flush().await.unwrap();
+    }
+    for (i, stream) in held.iter_mut().enumerate() {
+        let mut buf = [0u8; 256];
+        let read = tokio::time::timeout(READ_WITHIN, stream.read(&mut buf)).await;
+        match read {
+            Ok(Ok(0) | Err(_)) => {}
+            Ok(Ok(n)) => {
+                // hyper may answer a timed-out head with 408 before closing: that is a
+                // close too, as long as the connection then ends.
+                let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                assert!(
+                    text.starts_with("HTTP/1.1 408"),
+                    "connection {i}: only a 408 may come back for a stalled head, got {text:?}"
+                );
+                assert!(
+                    closed_by_proxy(stream).await,
+                    "connection {i} still open after its 408"
+                );
+            }
+            Err(_) => panic!(
+                "connection {i} with a stalled head still open {READ_WITHIN:?} later: \
+                 the header timeout (2 s) did not apply after parking"
+            ),
+        }
+    }
+    assert!(parked(proxy.admin).await < 0.5, "nothing is left parked");
+}
+
 /// Goal: at `connections_max`, parked connections are the idle ones evicted, the one idle
 /// the longest first, and the new clients are served.
 /// Method: `connections_max = 10`; 10 connections send one GET each in turn; wait until
