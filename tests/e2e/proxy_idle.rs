@@ -296,9 +296,9 @@ async fn parked_connection_woken_by_a_partial_head_is_closed_at_the_header_timeo
                     "connection {i} still open after its 408"
                 );
             }
-            Err(_) => panic!(
-                "connection {i} with a stalled head still open {READ_WITHIN:?} later: \
-                 the header timeout (2 s) did not apply after parking"
+            Err(elapsed) => panic!(
+                "connection {i} with a stalled head still open {READ_WITHIN:?} later \
+                 ({elapsed}): the header timeout (2 s) did not apply after parking"
             ),
         }
     }
