@@ -112,6 +112,22 @@ async fn read_response<S: AsyncRead + Unpin>(stream: &mut S) -> String {
     head.lines().next().unwrap_or_default().to_owned()
 }
 
+/// `count` keep-alive connections to the proxy at `addr`, each of which has sent one GET
+/// and read its 200: connections the proxy will park once they idle.
+async fn served_connections(addr: SocketAddr, count: usize) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(count);
+    for i in 0..count {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let status = get(&mut stream, &format!("/idle/{i}")).await;
+        assert!(
+            status.starts_with("HTTP/1.1 200"),
+            "first GET {i}: {status}"
+        );
+        held.push(stream);
+    }
+    held
+}
+
 /// Reads until the proxy closes `stream`: whether it did within [`READ_WITHIN`], with
 /// nothing sent.
 async fn closed_by_proxy(stream: &mut TcpStream) -> bool {
@@ -135,16 +151,7 @@ async fn parked_keepalive_connections_serve_their_next_request() {
     let upstream = RecordingUpstream::start().await;
     let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
 
-    let mut held = Vec::new();
-    for i in 0..HELD_CONNECTIONS {
-        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-        let status = get(&mut stream, &format!("/idle/{i}")).await;
-        assert!(
-            status.starts_with("HTTP/1.1 200"),
-            "first GET {i}: {status}"
-        );
-        held.push(stream);
-    }
+    let mut held = served_connections(proxy.addr, HELD_CONNECTIONS).await;
     for round in 2..=3 {
         wait_parked(proxy.admin, HELD_CONNECTIONS).await;
         for (i, stream) in held.iter_mut().enumerate() {
@@ -201,13 +208,7 @@ async fn parked_connection_is_closed_at_the_keepalive_timeout() {
         dir.path(),
         &["--upstream", &upstream.url(), "--config", &config],
     );
-    let mut held = Vec::new();
-    for i in 0..COUNT {
-        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-        let status = get(&mut stream, &format!("/idle/{i}")).await;
-        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-        held.push(stream);
-    }
+    let mut held = served_connections(proxy.addr, COUNT).await;
     wait_parked(proxy.admin, COUNT).await;
     for (i, stream) in held.iter_mut().enumerate() {
         assert!(
@@ -248,7 +249,7 @@ async fn parked_connection_is_closed_at_the_keepalive_timeout() {
 /// Method: a 2 s header timeout and a 60 s keep-alive timeout; 3 connections send one
 /// GET each; wait until parked; each sends the start of a head and nothing more; each
 /// must be closed by the proxy within 10 s (the keep-alive timeout is far later), with
-/// no answer sent, and none is left parked.
+/// nothing but a 408 sent before the close, and none is left parked.
 #[tokio::test]
 async fn parked_connection_woken_by_a_partial_head_is_closed_at_the_header_timeout() {
     const COUNT: usize = 3;
@@ -263,13 +264,7 @@ async fn parked_connection_woken_by_a_partial_head_is_closed_at_the_header_timeo
         dir.path(),
         &["--upstream", &upstream.url(), "--config", &config],
     );
-    let mut held = Vec::new();
-    for i in 0..COUNT {
-        let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
-        let status = get(&mut stream, &format!("/idle/{i}")).await;
-        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-        held.push(stream);
-    }
+    let mut held = served_connections(proxy.addr, COUNT).await;
     wait_parked(proxy.admin, COUNT).await;
     for stream in &mut held {
         stream
