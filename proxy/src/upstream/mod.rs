@@ -486,9 +486,19 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
             }
         }
     }
-    let hop_by_hop = |name: &HeaderName| HOP_BY_HOP.contains(name) || named.contains(name);
-    while let Some(name) = headers.keys().find(|name| hop_by_hop(name)).cloned() {
+    while let Some(name) = headers
+        .keys()
+        .find(|name| HOP_BY_HOP.contains(name))
+        .cloned()
+    {
         headers.remove(&name);
+    }
+    // Each name `Connection` lists is removed by one lookup. Matching every header
+    // against the list instead would let a client that lists thousands of names (as many
+    // as `limits.header_bytes_max` holds) and sends many headers make each of its
+    // requests cost their product.
+    for name in &named {
+        headers.remove(name);
     }
 }
 
@@ -543,6 +553,37 @@ mod tests {
             h["trailer"], "x-checksum",
             "Trailer describes the message, not the hop"
         );
+    }
+
+    /// Goal: a hostile `Connection` list (thousands of names, most of them absent, some
+    /// repeated) still removes exactly the headers it names and nothing else.
+    /// Method: 3,000 names, of which `x-h0` to `x-h49` are among 100 headers sent; strip.
+    #[test]
+    fn a_long_connection_list_removes_exactly_the_named_headers() {
+        let mut h = HeaderMap::new();
+        let list: Vec<String> = (0..3_000).map(|i| format!("x-h{}", i % 1_500)).collect();
+        h.insert(
+            "connection",
+            HeaderValue::from_str(&list[..].join(",")).unwrap(),
+        );
+        for i in 0..50 {
+            h.insert(
+                HeaderName::from_bytes(format!("x-h{i}").as_bytes()).unwrap(),
+                HeaderValue::from_static("named"),
+            );
+            h.insert(
+                HeaderName::from_bytes(format!("x-kept{i}").as_bytes()).unwrap(),
+                HeaderValue::from_static("kept"),
+            );
+        }
+        strip_hop_by_hop(&mut h);
+        assert_eq!(
+            h.len(),
+            50,
+            "only the 50 unnamed headers stay: {:?}",
+            h.keys()
+        );
+        assert!(h.values().all(|v| v == "kept"));
     }
 
     /// Goal: a `Connection` header naming only `keep-alive` or `close` (any case) adds
