@@ -227,6 +227,11 @@ impl Drop for Held {
 type Acquire =
     Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + Sync>>;
 
+/// A request body as it goes to the upstream: boxed, so the request that carries it
+/// (queued per upstream connection, and moved through the forwarding futures) stays
+/// small.
+pub(crate) type UpstreamBody = Pin<Box<RequestBody>>;
+
 /// A client's request body on its way to the backend, under [`BodyLimits`]. Generic
 /// over the body it wraps only so the tests can feed it frames by hand.
 pub(crate) struct RequestBody<B = Incoming> {

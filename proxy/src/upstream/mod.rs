@@ -30,7 +30,7 @@ use crate::config::{ProxyConfig, UpstreamHost};
 use crate::error::ProxyError;
 use crate::metrics as m;
 use crate::server::Peer;
-use crate::stream::{BodyFault, Exchange, RequestBody};
+use crate::stream::{BodyFault, Exchange, RequestBody, UpstreamBody};
 use crate::tls;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1). Pre-built names:
@@ -199,7 +199,10 @@ impl HttpUpstream {
                 .map_or_else(Uri::default, Uri::from);
         }
         parts.version = http::Version::HTTP_11;
-        let request = Request::from_parts(parts, body);
+        // Boxed: a request waits in each upstream connection's queue of 32 slots, and
+        // with the body inline (360 bytes) one queue block took 19.5 KB per connection
+        // (8 KB boxed); every future that carries the request shrinks as much.
+        let request = Request::from_parts(parts, Box::pin(body));
 
         let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
         let busy = || {
@@ -299,7 +302,7 @@ impl HttpUpstream {
     /// is that timeout. Getting a connection counts as part of the wait.
     async fn send(
         &self,
-        request: Request<RequestBody>,
+        request: Request<UpstreamBody>,
         exchange: Option<&Arc<Exchange>>,
         start: tokio::time::Instant,
     ) -> Option<Result<(Response<Incoming>, Option<Sender>), ProxyError>> {
@@ -340,7 +343,7 @@ impl HttpUpstream {
     /// connection that fails is the upstream's failure, not tried again.
     async fn exchange(
         &self,
-        mut request: Request<RequestBody>,
+        mut request: Request<UpstreamBody>,
     ) -> Result<(Response<Incoming>, Option<Sender>), ProxyError> {
         loop {
             let Checkout { sender, reused } = self.pool.take().await?;

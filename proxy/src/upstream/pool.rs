@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use crate::StartError;
 use crate::config::ConfigError;
 use crate::error::ProxyError;
-use crate::stream::RequestBody;
+use crate::stream::UpstreamBody;
 
 /// How long an idle upstream connection is kept for reuse, in milliseconds. Upstreams
 /// close idle connections on their own after a while (nginx after 75 s); a connection
@@ -84,9 +84,9 @@ pub(crate) fn set_thread_shard(index: usize) {
 #[derive(Default)]
 struct State {
     /// Idle HTTP/1 connections and when each became idle; the back is the top.
-    idle: VecDeque<(Instant, http1::SendRequest<RequestBody>)>,
+    idle: VecDeque<(Instant, http1::SendRequest<UpstreamBody>)>,
     /// The shared HTTP/2 connection, once the upstream has chosen h2.
-    h2: Option<http2::SendRequest<RequestBody>>,
+    h2: Option<http2::SendRequest<UpstreamBody>>,
 }
 
 /// A connection to send one request on.
@@ -99,8 +99,8 @@ pub(super) struct Checkout {
 
 /// The sending half of an upstream connection; its other half runs in its own task.
 pub(super) enum Sender {
-    Http1(http1::SendRequest<RequestBody>),
-    Http2(http2::SendRequest<RequestBody>),
+    Http1(http1::SendRequest<UpstreamBody>),
+    Http2(http2::SendRequest<UpstreamBody>),
 }
 
 impl Pool {
@@ -238,7 +238,7 @@ impl Pool {
     /// here. When not (the two tasks ran in parallel on two threads, or the upstream
     /// answered before it took the whole request body), a task waits for it to become
     /// ready, or close, before it is put back: no request ever waits for it.
-    pub(super) fn put(self: &Arc<Self>, mut sender: http1::SendRequest<RequestBody>) {
+    pub(super) fn put(self: &Arc<Self>, mut sender: http1::SendRequest<UpstreamBody>) {
         if sender.is_closed() || self.idle_max == 0 {
             return;
         }
@@ -254,7 +254,7 @@ impl Pool {
         self.push(sender);
     }
 
-    fn push(&self, sender: http1::SendRequest<RequestBody>) {
+    fn push(&self, sender: http1::SendRequest<UpstreamBody>) {
         let now = Instant::now();
         let mut dropped = Vec::new();
         {
@@ -333,13 +333,13 @@ impl Pool {
 /// end, it drops the connection, which hyper then closes.
 pub(super) struct PooledBody {
     inner: Incoming,
-    conn: Option<(Arc<Pool>, http1::SendRequest<RequestBody>)>,
+    conn: Option<(Arc<Pool>, http1::SendRequest<UpstreamBody>)>,
 }
 
 impl PooledBody {
     pub(super) fn new(
         inner: Incoming,
-        conn: Option<(Arc<Pool>, http1::SendRequest<RequestBody>)>,
+        conn: Option<(Arc<Pool>, http1::SendRequest<UpstreamBody>)>,
     ) -> Self {
         Self { inner, conn }
     }
