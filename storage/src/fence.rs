@@ -136,8 +136,12 @@ impl ScopeFence {
 struct Shared {
     db: Arc<redb::Database>,
     /// Scope to fence. Entries are never removed, so an `Arc` taken out of the map
-    /// always remains the scope's one fence.
-    scopes: DashMap<String, Arc<ScopeFence>>,
+    /// always remains the scope's one fence. Every fenced request looks its scope up
+    /// here, and scope names can be the client's, so the hasher is foldhash with a
+    /// random seed per map: a fraction of the cost of the standard library's hasher
+    /// (`SipHash`) for a short name, and no fixed seed to pick colliding names against
+    /// (the map is bounded by `scopes_max`).
+    scopes: DashMap<String, Arc<ScopeFence>, foldhash::fast::RandomState>,
     /// Number of entries in `scopes` that are not reserved. Counted separately so that
     /// reserving a slot and checking the bound is one atomic step.
     scopes_len: AtomicUsize,
@@ -205,7 +209,7 @@ impl FenceRegister {
         reserved: impl IntoIterator<Item = String>,
     ) -> Result<Self, crate::OpenError> {
         let reserved: HashSet<String> = reserved.into_iter().collect();
-        let scopes = DashMap::new();
+        let scopes = DashMap::with_hasher(foldhash::fast::RandomState::default());
         {
             let txn = db.begin_read().map_err(load_error)?;
             match txn.open_table(FENCES) {
