@@ -307,57 +307,90 @@ impl Http {
             };
         }
         loop {
-            let keep_open = Arc::clone(&stream.keep_open);
-            let conn = self.h1.serve_connection(TokioIo::new(stream), service);
-            let (served, parts) = if self.upgrades {
-                let mut conn = H1 {
-                    conn: Box::pin(conn.with_upgrades()),
-                    keep_open,
+            // Boxed, the whole round: hyper's connection and the future that drives it
+            // are one allocation, freed when the connection is released, so a parked
+            // connection's task keeps room only for the parked wait.
+            // In a block, so that what the round gave back takes no room in the task
+            // while it is parked.
+            stream = {
+                let (served, parts) = Box::pin(self.serve_round(stream, admitted, service)).await;
+                // No parts: the connection was upgraded, and the stream is the upgrade's.
+                let Some(parts) = parts else {
+                    return served.map(drop);
                 };
-                let served = admitted
-                    .serve_or_release(Pin::new(&mut conn), self.release_after)
-                    .await;
-                (served, conn.into_parts())
-            } else {
-                let mut conn = H1 {
-                    conn: Box::pin(conn),
-                    keep_open,
-                };
-                let served = admitted
-                    .serve_or_release(Pin::new(&mut conn), self.release_after)
-                    .await;
-                (served, conn.into_parts())
+                match served {
+                    Ok(Served::Released) => {}
+                    // hyper closed the stream itself.
+                    Ok(Served::Ended) => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+                service = parts.service;
+                let mut rewound = parts.io.into_inner();
+                rewound.put_back(parts.read_buf);
+                rewound
             };
-            // No parts: the connection was upgraded, and the stream is the upgrade's.
-            let Some(parts) = parts else {
-                return served.map(drop);
-            };
-            let mut rewound = parts.io.into_inner();
-            match served {
-                Ok(Served::Released) => {}
-                // hyper closed the stream itself.
-                Ok(Served::Ended) => return Ok(()),
-                Err(e) => return Err(e),
-            }
-            service = parts.service;
-            rewound.put_back(parts.read_buf);
-            if !rewound.has_prefix() {
+            if !stream.has_prefix() {
                 self.parked.increment(1.0);
-                let woke = admitted.park(rewound.inner.next_bytes()).await;
+                let woke = admitted
+                    .park(std::pin::pin!(stream.inner.next_bytes()))
+                    .await;
                 self.parked.decrement(1.0);
                 match woke {
-                    Ok(Ok(Some(first))) => rewound.put_back(first),
+                    Ok(Ok(Some(first))) => stream.put_back(first),
                     // The client closed the connection.
                     Ok(Ok(None)) => return Ok(()),
                     Ok(Err(e)) => return Err(e.into()),
                     Err(stopped) => {
                         tracing::trace!(listener = self.name, cause = %stopped, "closing a parked connection");
-                        rewound.close().await;
+                        stream.close().await;
                         return Ok(());
                     }
                 }
             }
-            stream = rewound;
+        }
+    }
+    /// Serves one HTTP/1.1 round of a connection: until hyper ends it, or until it is
+    /// released after idling for the release time. Gives back what was served and
+    /// hyper's parts (the stream, the service and the bytes read ahead), or no parts when
+    /// the connection was upgraded.
+    async fn serve_round<T, S, B>(
+        &self,
+        stream: Rewind<T>,
+        admitted: &Admitted,
+        service: S,
+    ) -> (
+        Result<Served, BoxError>,
+        Option<http1::Parts<TokioIo<Rewind<T>>, S>>,
+    )
+    where
+        T: ClientStream,
+        S: hyper::service::Service<Request<Incoming>, Response = Response<B>>
+            + Clone
+            + Send
+            + Unpin
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let keep_open = Arc::clone(&stream.keep_open);
+        let conn = self.h1.serve_connection(TokioIo::new(stream), service);
+        if self.upgrades {
+            let mut conn = H1 {
+                conn: conn.with_upgrades(),
+                keep_open,
+            };
+            let served = admitted
+                .serve_or_release(Pin::new(&mut conn), self.release_after)
+                .await;
+            (served, conn.into_parts())
+        } else {
+            let mut conn = H1 { conn, keep_open };
+            let served = admitted
+                .serve_or_release(Pin::new(&mut conn), self.release_after)
+                .await;
+            (served, conn.into_parts())
         }
     }
 }
@@ -569,17 +602,17 @@ where
     }
 }
 
-/// One round of an HTTP/1.1 connection, boxed so that a parked connection's task does
-/// not keep room for it, with the switch that makes hyper's final shutdown keep the
+/// One round of an HTTP/1.1 connection (boxed with the future that drives it, by
+/// `Http::serve_stream`), with the switch that makes hyper's final shutdown keep the
 /// stream open when the round ends in a release.
 struct H1<C> {
-    conn: Pin<Box<C>>,
+    conn: C,
     keep_open: Arc<AtomicBool>,
 }
 
 impl<C: Round> H1<C> {
     fn into_parts(self) -> Option<http1::Parts<C::Io, C::Service>> {
-        (*Pin::into_inner(self.conn)).into_parts()
+        self.conn.into_parts()
     }
 }
 
@@ -587,7 +620,7 @@ impl<C: Round> Future for H1<C> {
     type Output = hyper::Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.conn.as_mut().poll(cx)
+        Pin::new(&mut self.conn).poll(cx)
     }
 }
 
@@ -596,12 +629,12 @@ impl<C: Round> Releasable for H1<C> {
 
     fn close_gracefully(mut self: Pin<&mut Self>) {
         self.keep_open.store(false, Ordering::Relaxed);
-        self.conn.as_mut().shut_down_gracefully();
+        Pin::new(&mut self.conn).shut_down_gracefully();
     }
 
     fn release(mut self: Pin<&mut Self>) {
         self.keep_open.store(true, Ordering::Relaxed);
-        self.conn.as_mut().shut_down_gracefully();
+        Pin::new(&mut self.conn).shut_down_gracefully();
     }
 }
 

@@ -570,14 +570,17 @@ impl Admitted {
     /// last response (counted as [`CloseReason::KeepaliveTimeout`]), on eviction, or at
     /// shutdown, and the caller closes the stream. The slot is idle throughout, so
     /// eviction picks a parked connection as it would any idle one.
-    pub async fn park<F: Future>(&self, wake: F) -> Result<F::Output, Stopped> {
+    ///
+    /// `wake` is `Unpin` (pinned by the caller, say with `std::pin::pin!`): a parked
+    /// connection's task is all the memory it keeps, and a future moved in here to be
+    /// pinned would take room twice.
+    pub async fn park<F: Future + Unpin>(&self, mut wake: F) -> Result<F::Output, Stopped> {
         let policy = &self.table.policy;
         let mut shutdown = self.table.shutdown.subscribe();
-        let mut wake = std::pin::pin!(wake);
         loop {
             let check = self.slot.next_check(policy, None);
             tokio::select! {
-                woke = wake.as_mut() => return Ok(woke),
+                woke = &mut wake => return Ok(woke),
                 () = self.slot.evict.notified() => return Err(Stopped::Evicted),
                 () = tokio::time::sleep_until(check.at) => {
                     if let Some((reason, deadline)) = check.close
