@@ -6,8 +6,11 @@
 # connections; the peak of samples every 0.2 s). Both proxies use one worker per core.
 # Idle connections are measured once palisade has parked them (about a second after
 # their request: their HTTP state and buffers freed; its gauge
-# palisade_proxy_connections_parked), waiting at most PARK_WAIT_S; the result gives KiB
-# per idle connection, (RSS holding them - RSS at rest) / connections seen.
+# palisade_proxy_connections_parked), waiting at most PARK_WAIT_S. They are opened in two
+# halves, and the result gives KiB per idle connection twice: (RSS holding them all - RSS
+# at rest) / connections seen, and the second half's marginal cost, (RSS holding all -
+# RSS holding the first half) / half, which leaves out what the first requests set up
+# once (the upstream pool's idle connections, the allocator's first pages).
 #
 # Environment (defaults): BENCH_IDLE_CONNECTIONS (1000), BENCH_LOAD_CONNECTIONS ("64
 # 1000"), BENCH_DURATION (8 s of load), BENCH_DIR (/var/tmp), BENCH_KEEP (0),
@@ -65,26 +68,33 @@ measure() {
   local pids=("$@") rest held peak now conns waited
   rest="$(rss_kib "${pids[@]}")"
 
-  # Idle connections.
-  spawn "hold-$name" "$PALISADE" bench --hold --url "http://127.0.0.1:$port/hold" \
-    --connections "$IDLE_CONNECTIONS" --duration 30
-  local hold_group="$SPAWNED"
-  wait_for_line "$BENCH_WORK/hold-$name.out" "holding" 30
-  sleep 1
-  if [ -n "$admin" ]; then
-    waited=0
-    while [ "$(parked "$admin")" -lt "$IDLE_CONNECTIONS" ] && [ "$waited" -lt $((PARK_WAIT_S * 5)) ]; do
-      sleep 0.2
-      waited=$((waited + 1))
-    done
-    log "$name: $(parked "$admin") connections parked"
-  fi
+  # Idle connections, in two equal halves: the second half's cost is the marginal cost
+  # of a connection, without what the first requests set up once (the upstream pool's
+  # idle connections, the runtime's and the allocator's first pages).
+  local half=$((IDLE_CONNECTIONS / 2)) step held_half=0 hold_groups=()
+  for step in 1 2; do
+    spawn "hold-$name-$step" "$PALISADE" bench --hold --url "http://127.0.0.1:$port/hold" \
+      --connections "$half" --duration 40
+    hold_groups+=("$SPAWNED")
+    wait_for_line "$BENCH_WORK/hold-$name-$step.out" "holding" 30
+    sleep 1
+    if [ -n "$admin" ]; then
+      waited=0
+      while [ "$(parked "$admin")" -lt $((half * step)) ] && [ "$waited" -lt $((PARK_WAIT_S * 5)) ]; do
+        sleep 0.2
+        waited=$((waited + 1))
+      done
+      log "$name: $(parked "$admin") connections parked"
+    fi
+    [ "$step" = 1 ] && held_half="$(rss_kib "${pids[@]}")"
+  done
   held="$(rss_kib "${pids[@]}")"
   conns="$(established "$port")"
-  log "$name: $(cat "$BENCH_WORK/hold-$name.out"), server side sees $conns, RSS $held KiB"
-  stop "$hold_group"
-  printf '%s rest %s\n%s idle_connections %s\n%s held %s\n' \
-    "$name" "$rest" "$name" "$conns" "$name" "$held" >>"$RESULTS"
+  log "$name: $(cat "$BENCH_WORK/hold-$name-1.out" "$BENCH_WORK/hold-$name-2.out" | tr '\n' ' '), server side sees $conns, RSS $held_half KiB at half, $held KiB"
+  local g
+  for g in "${hold_groups[@]}"; do stop "$g"; done
+  printf '%s rest %s\n%s idle_connections %s\n%s held_half %s\n%s held %s\n' \
+    "$name" "$rest" "$name" "$conns" "$name" "$held_half" "$name" "$held" >>"$RESULTS"
 
   # Under load.
   local c
@@ -120,14 +130,15 @@ print(f"\nmemory benchmark: {sys.argv[2]} cores, {sys.argv[2]} workers per proxy
       f"VmRSS in MiB (nginx: master and workers summed)\n")
 loads = sys.argv[4].split()
 print("| proxy | at rest | " + f"{sys.argv[3]} idle connections (seen) | "
-      + "KiB per idle connection | "
+      + "KiB per idle connection | KiB per idle connection, second half | "
       + " | ".join(f"peak, load from {c} connections" for c in loads) + " |")
-print("|---|---|---|---|" + "---|" * len(loads))
+print("|---|---|---|---|---|" + "---|" * len(loads))
 for name in ("palisade", "nginx"):
     seen = v[(name, 'idle_connections')]
     per = (v[(name, 'held')] - v[(name, 'rest')]) / seen if seen else float('nan')
+    marginal = (v[(name, 'held')] - v[(name, 'held_half')]) / (int(sys.argv[3]) // 2)
     print(f"| {name} | {mib(v[(name, 'rest')])} | {mib(v[(name, 'held')])} "
-          f"({seen}) | {per:.1f} | "
+          f"({seen}) | {per:.1f} | {marginal:.1f} | "
           + " | ".join(mib(v[(name, f'load_{c}')]) for c in loads) + " |")
 print(f"\npalisade VmHWM (peak RSS over the whole run): {mib(v[('palisade', 'hwm')])} MiB")
 EOF

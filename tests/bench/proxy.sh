@@ -25,6 +25,10 @@
 # nginx (one worker, no master process), palisade (one worker thread) and, with
 # BASELINE_BIN, the baseline; 8 connections.
 #
+# BENCH_PIN=0 leaves one thread's proxies unpinned too, as two threads' are: the figures
+# then show what sharing both cores with the client and the upstream costs, apart from
+# the number of threads.
+#
 # BENCH_PALISADE_ARGS="FLAGS" appends FLAGS (split on spaces) to the palisade target's
 # `palisade proxy` flags (not the baseline's), say "--reuseport-threads 2
 # --worker-threads 1" to measure the thread-per-core mode at BENCH_THREADS=2.
@@ -32,8 +36,8 @@
 # Environment (defaults): BENCH_THREADS ("1 2"), BENCH_ROUNDS (5), BENCH_DURATION (4 s),
 # BENCH_WARMUP (1 s), BENCH_CONNECTIONS (32), BENCH_BODY_BYTES (1024), BENCH_DIR
 # (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0 s: how long to wait for a quiet machine),
-# BASELINE_BIN (none), BENCH_COUNTS (0), COUNT_FEW (1000), COUNT_MANY (6000),
-# COUNT_REPEATS (3).
+# BENCH_PIN (1), BASELINE_BIN (none), BENCH_COUNTS (0), COUNT_FEW (1000), COUNT_MANY
+# (6000), COUNT_REPEATS (3).
 # Default run time: about 3 minutes plus the build (4 with BASELINE_BIN); with
 # BENCH_COUNTS=1 about 8.
 # shellcheck source-path=SCRIPTDIR
@@ -175,7 +179,7 @@ EOF
 }
 
 for threads in $THREADS; do
-  if [ "$threads" = 1 ]; then
+  if [ "$threads" = 1 ] && [ "${BENCH_PIN:-1}" = 1 ]; then
     proxy_cpus=0
     side_cpus=1
   else
