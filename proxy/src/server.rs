@@ -307,13 +307,34 @@ impl Http {
             };
         }
         loop {
-            // Boxed, the whole round: hyper's connection and the future that drives it
-            // are one allocation, freed when the connection is released, so a parked
-            // connection's task keeps room only for the parked wait.
-            // In a block, so that what the round gave back takes no room in the task
-            // while it is parked.
+            // One round: hyper serves the connection until it ends, or until it is
+            // released after idling for the release time. Boxed, the whole round:
+            // hyper's connection and the future that drives it are one allocation,
+            // freed when the connection is released, so a parked connection's task
+            // keeps room only for the parked wait. In a block, so that what the round
+            // gave back takes no room in the task either.
             stream = {
-                let (served, parts) = Box::pin(self.serve_round(stream, admitted, service)).await;
+                let round = async move {
+                    let keep_open = Arc::clone(&stream.keep_open);
+                    let conn = self.h1.serve_connection(TokioIo::new(stream), service);
+                    if self.upgrades {
+                        let mut conn = H1 {
+                            conn: conn.with_upgrades(),
+                            keep_open,
+                        };
+                        let served = admitted
+                            .serve_or_release(Pin::new(&mut conn), self.release_after)
+                            .await;
+                        (served, conn.into_parts())
+                    } else {
+                        let mut conn = H1 { conn, keep_open };
+                        let served = admitted
+                            .serve_or_release(Pin::new(&mut conn), self.release_after)
+                            .await;
+                        (served, conn.into_parts())
+                    }
+                };
+                let (served, parts) = Box::pin(round).await;
                 // No parts: the connection was upgraded, and the stream is the upgrade's.
                 let Some(parts) = parts else {
                     return served.map(drop);
@@ -347,50 +368,6 @@ impl Http {
                     }
                 }
             }
-        }
-    }
-    /// Serves one HTTP/1.1 round of a connection: until hyper ends it, or until it is
-    /// released after idling for the release time. Gives back what was served and
-    /// hyper's parts (the stream, the service and the bytes read ahead), or no parts when
-    /// the connection was upgraded.
-    async fn serve_round<T, S, B>(
-        &self,
-        stream: Rewind<T>,
-        admitted: &Admitted,
-        service: S,
-    ) -> (
-        Result<Served, BoxError>,
-        Option<http1::Parts<TokioIo<Rewind<T>>, S>>,
-    )
-    where
-        T: ClientStream,
-        S: hyper::service::Service<Request<Incoming>, Response = Response<B>>
-            + Clone
-            + Send
-            + Unpin
-            + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
-        B: hyper::body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
-        B::Error: Into<BoxError>,
-    {
-        let keep_open = Arc::clone(&stream.keep_open);
-        let conn = self.h1.serve_connection(TokioIo::new(stream), service);
-        if self.upgrades {
-            let mut conn = H1 {
-                conn: conn.with_upgrades(),
-                keep_open,
-            };
-            let served = admitted
-                .serve_or_release(Pin::new(&mut conn), self.release_after)
-                .await;
-            (served, conn.into_parts())
-        } else {
-            let mut conn = H1 { conn, keep_open };
-            let served = admitted
-                .serve_or_release(Pin::new(&mut conn), self.release_after)
-                .await;
-            (served, conn.into_parts())
         }
     }
 }
