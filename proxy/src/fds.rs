@@ -108,7 +108,7 @@ mod tests {
         let limits = Limits::default();
         assert_eq!(
             needed(&limits),
-            1024 + 64 + 256 + 64 + FD_RESERVE,
+            1024 + 64 + 256 + 256 + FD_RESERVE,
             "client + admin + upstream in flight + upstream idle + reserve"
         );
         let more = Limits {
