@@ -4,11 +4,8 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
-use palisade_tests::client::put;
 use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Fresh connections sent per phase: with the kernel hashing each connection's 4-tuple
@@ -132,47 +129,8 @@ async fn reuseport_threads_share_connections_and_fences() {
 /// and the exit code.
 #[tokio::test]
 async fn reuseport_threads_drain_in_flight_requests_on_shutdown() {
-    crate::use_tested_binary();
-    let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let mut proxy = start_proxy(
-        dir.path(),
-        &["--upstream", &upstream.url(), "--reuseport-threads", "2"],
-    );
-    upstream.hold("/slow");
-    let url = proxy.url("/slow");
-    let in_flight = tokio::spawn(async move { put(&url, 1, "finish me").await });
-    wait::until(
-        "the write to reach the upstream",
-        Duration::from_secs(10),
-        || async { (!upstream.arrived().is_empty()).then_some(()) },
-    )
-    .await;
-    proxy
-        .guard
-        .signal(nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
-    let addr = proxy.addr;
-    wait::until(
-        "the proxy to stop accepting on every socket",
-        Duration::from_secs(10),
-        || async { std::net::TcpStream::connect(addr).is_err().then_some(()) },
-    )
-    .await;
-    upstream.release("/slow");
-    let answer = in_flight.await.unwrap();
-    assert_eq!(
-        answer.status,
-        StatusCode::OK,
-        "the in-flight request completed"
-    );
-    assert_eq!(upstream.applied().len(), 1);
-    let code = tokio::task::spawn_blocking(move || {
-        proxy.guard.wait_exit(Duration::from_secs(20)).unwrap()
-    })
-    .await
-    .unwrap();
-    assert_eq!(code, Some(0));
+    crate::proxy_transport::sigterm_finishes_the_request_in_flight(&["--reuseport-threads", "2"])
+        .await;
 }
 
 /// Goal: a thread count above the maximum is refused at start with a message naming the

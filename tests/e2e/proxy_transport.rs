@@ -240,10 +240,21 @@ async fn tls_listener_serves_with_a_generated_certificate() {
 /// refused, release; read the answer and the exit code.
 #[tokio::test]
 async fn graceful_shutdown_completes_in_flight_request() {
+    sigterm_finishes_the_request_in_flight(&[]).await;
+}
+
+/// The test above, for a proxy started with `extra` flags as well (also run by
+/// `proxy_reuseport` with its threads): holds a write at the upstream, sends SIGTERM,
+/// waits until new connections are refused, releases the write, and checks its answer
+/// and the exit code.
+pub(crate) async fn sigterm_finishes_the_request_in_flight(extra: &[&str]) {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let mut proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
+    let upstream_url = upstream.url();
+    let mut args = vec!["--upstream", upstream_url.as_str()];
+    args.extend_from_slice(extra);
+    let mut proxy = start_proxy(dir.path(), &args);
     upstream.hold("/slow");
     let url = proxy.url("/slow");
     let in_flight = tokio::spawn(async move { put(&url, 1, "finish me").await });
