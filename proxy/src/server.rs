@@ -621,7 +621,9 @@ mod tests {
 
     /// Goal: a plain TCP connection's future stays small, as it is allocated for every
     /// connection for as long as it lives (parked ones included): neither the TLS
-    /// stream nor hyper's HTTP/1 or HTTP/2 connection state is inline in it.
+    /// stream nor hyper's HTTP/1 or HTTP/2 connection state is inline in it, nor an
+    /// HTTP/1.1 round's driving future (boxed per round), nor a second copy of the
+    /// parked wait's future (888 bytes in a test build; 1,376 before those two went).
     /// Method: build a listener's `Http` and one connection's `serve_stream` future over
     /// a loopback TCP stream, without running it, and measure it.
     #[tokio::test]
@@ -650,6 +652,6 @@ mod tests {
         let future = http.serve_stream(stream, &admitted, service);
         let bytes = std::mem::size_of_val(&future);
         eprintln!("serve_stream over TCP: {bytes} bytes");
-        assert!(bytes < 4096, "{bytes} bytes");
+        assert!(bytes < 1024, "{bytes} bytes");
     }
 }
