@@ -126,7 +126,16 @@ pub(crate) fn children_run_this_binary() -> Result<(), Failure> {
 ///   large allocation, freed to the arena and purged each time. Thread caches that
 ///   also keep large allocations up to 128 KiB (`tcache_max`) cut that to 0.16 calls per
 ///   request (strace, 2,000 requests), with the same memory: 12.9 / 21.1 / 24.0 / 53.0,
-///   against 13.9 / 22.2 / 23.9 / 52.7 without (one run each, 2026-11-23).
+///   against 13.9 / 22.2 / 23.9 / 52.7 without (one run each, 2026-11-23);
+/// - each thread cache keeps at least 64 regions of each small size class, not 20
+///   (`tcache_nslots_small_min`). hyper gives every HTTP/1 connection 8 KiB buffers,
+///   one region each in jemalloc, and frees and takes one per request; with 20 cached,
+///   32 busy connections overflowed the cache, so freed buffers went back to the
+///   arena, were purged, and faulted in again. 2 workers, 32 connections, 100,000
+///   requests (2026-11-24): page faults per request 0.30 / 0.26 / 0.20 against
+///   0.09 / 0.11 / 0.10, CPU per request 41.2 / 40.1 / 38.3 µs against
+///   36.1 / 37.7 / 35.1 µs (three runs each); the peak at 1,000 busy connections was
+///   the same (52.7 and 53.1 MiB against 53.2 and 53.1). 200 did no better.
 ///
 /// jemalloc compiles its C sources with cc and make at build time (about 2 minutes of a
 /// clean release build on 2 busy cores). `--no-default-features` builds with the C
@@ -144,15 +153,16 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// instructions measured above. The thread caches stay on: turning them off too cost a
 /// third more instructions per request. They also hold large allocations up to 128 KiB
 /// (`tcache_max`), so that a large body's buffers are reused, not purged and faulted in
-/// again per request.
+/// again per request, and at least 64 of each small size (`tcache_nslots_small_min`),
+/// so that connections' 8 KiB buffers are too.
 #[cfg(feature = "jemalloc")]
 // jemalloc reads this C string through its `malloc_conf` symbol (prefixed as this
 // build of it is), which a static can only provide under that exact name. It is a
 // plain, immutable, NUL-terminated byte string, so nothing can be misread.
 #[allow(unsafe_code)]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static JEMALLOC_CONF: &[u8; 62] =
-    b"narenas:2,dirty_decay_ms:0,muzzy_decay_ms:0,tcache_max:131072\0";
+static JEMALLOC_CONF: &[u8; 89] =
+    b"narenas:2,dirty_decay_ms:0,muzzy_decay_ms:0,tcache_max:131072,tcache_nslots_small_min:64\0";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
