@@ -18,7 +18,7 @@ use palisade_storage::{ObjectError, ObjectStore};
 
 use crate::body::{ProxyBody, full, ok_json};
 use crate::error::ProxyError;
-use crate::stream::{BodyFault, RequestBody};
+use crate::stream::{BodyFault, UpstreamBody};
 
 /// The methods the store takes, as an `Allow` header value.
 const METHODS_ALLOWED: &str = "GET, HEAD, PUT, POST, DELETE";
@@ -34,7 +34,7 @@ pub(crate) async fn serve(
     path: &str,
     query: Option<&str>,
     token: Option<u64>,
-    body: RequestBody,
+    body: UpstreamBody,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let key = path.trim_start_matches('/').to_owned();
     let list = query.and_then(list_limit);
@@ -117,7 +117,7 @@ pub(crate) async fn serve(
 }
 
 /// Reads a body whole; the body's own limits (`limits.object_bytes_max` here) bound it.
-async fn read_whole(body: RequestBody) -> Result<Bytes, ProxyError> {
+async fn read_whole(body: UpstreamBody) -> Result<Bytes, ProxyError> {
     body.collect()
         .await
         .map(http_body_util::Collected::to_bytes)

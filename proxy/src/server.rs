@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -150,11 +151,11 @@ pub(crate) async fn serve<H, F>(
         let requests = admitted.requests();
         let service = service_fn(move |req| {
             let in_flight = requests.enter();
-            let answer = handler(req, Arc::clone(&client));
-            async move {
-                let response = answer.await?;
-                Ok::<_, Infallible>(in_flight.carry(response))
-            }
+            // `map`, not an `async` block: a block that captures the answer's future and
+            // awaits it keeps two copies of it (rustc does not lay a captured future over
+            // the one it awaits), 2 KiB more per request in flight.
+            handler(req, Arc::clone(&client))
+                .map(move |answer| answer.map(|response| in_flight.carry(response)))
         });
         let http = Arc::clone(&http);
         let tls = settings.tls.clone();

@@ -30,7 +30,7 @@ use crate::config::{ProxyConfig, UpstreamHost};
 use crate::error::ProxyError;
 use crate::metrics as m;
 use crate::server::Peer;
-use crate::stream::{BodyFault, Exchange, RequestBody, UpstreamBody};
+use crate::stream::{BodyFault, Exchange, UpstreamBody};
 use crate::tls;
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1). Pre-built names:
@@ -144,29 +144,24 @@ impl HttpUpstream {
         })
     }
 
-    /// Sends `parts` + `body` upstream and returns its response once its head arrived.
+    /// The request as it goes upstream, from the client's `parts` and `body`: hop-by-hop
+    /// headers stripped, `Host`, `X-Forwarded-For` and the request target set for the
+    /// upstream, and `Upgrade` passed on when `upgrade` (the route lets this request
+    /// upgrade).
     ///
-    /// The body streams while this waits. The upstream's timeout counts from the body's
-    /// last progress (`exchange`), not from the start, so a long upload is not cut off
-    /// for its length; a body whose client stalls is cut off by its own idle timeout. A
-    /// body cut off before the upstream answered is answered with the body's fault (413,
-    /// 408, 400), as the upstream never saw a whole request.
-    ///
-    /// `upgrade` is the client connection's upgrade, for a request its route lets
-    /// upgrade: the request goes with its `Upgrade` header, and when the upstream
-    /// switches protocols (101) the answer comes with the [`Tunnel`] to run between the
-    /// two upgraded connections.
-    pub(crate) async fn forward(
+    /// Apart from [`HttpUpstream::forward`], and not async: a future keeps room for
+    /// every value it holds across an await, and its arguments stay there even once moved
+    /// on, so building the request in the future would keep `parts` twice for as long as
+    /// the request is in flight.
+    pub(crate) fn prepare(
         &self,
         mut parts: http::request::Parts,
-        body: RequestBody,
-        exchange: Option<&Arc<Exchange>>,
+        body: UpstreamBody,
         peer: &Peer,
-        upgrade: Option<OnUpgrade>,
-    ) -> Result<(Response<ProxyBody>, Option<Tunnel>), ProxyError> {
+        upgrade: bool,
+    ) -> Result<Request<UpstreamBody>, ProxyError> {
         let te_trailers = wants_trailers(&parts.headers);
         let protocol = upgrade
-            .is_some()
             .then(|| parts.headers.get(header::UPGRADE).cloned())
             .flatten();
         strip_hop_by_hop(&mut parts.headers);
@@ -199,69 +194,94 @@ impl HttpUpstream {
                 .map_or_else(Uri::default, Uri::from);
         }
         parts.version = http::Version::HTTP_11;
-        // Boxed: a request waits in each upstream connection's queue of 32 slots, and
-        // with the body inline (360 bytes) one queue block took 19.5 KB per connection
-        // (8 KB boxed); every future that carries the request shrinks as much.
-        let request = Request::from_parts(parts, Box::pin(body));
+        Ok(Request::from_parts(parts, body))
+    }
 
-        let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
-        let busy = || {
-            ProxyError::Unavailable(format!(
-                "{} requests are in flight to the upstream and none finished within {} ms",
-                self.requests_max,
-                self.permit_timeout.as_millis()
-            ))
-        };
-        // A free permit (the usual case) is taken without starting a timer.
-        let _permit = match self.permits.try_acquire() {
-            Ok(permit) => permit,
-            Err(_) => tokio::time::timeout(self.permit_timeout, self.permits.acquire())
-                .await
-                .map_err(|_| busy())?
-                .map_err(|_| busy())?,
-        };
-        let started = tokio::time::Instant::now();
-        let result = self.send(request, exchange, started).await;
-        m::hot_path_handles()
-            .upstream_seconds
-            .record(started.elapsed().as_secs_f64());
-        let (response, mut conn) = result.ok_or(ProxyError::UpstreamTimeout { timeout_ms })??;
-        let (mut parts, body) = response.into_parts();
-        let switched = parts.status == http::StatusCode::SWITCHING_PROTOCOLS;
-        let tunnel = match (switched, upgrade) {
-            (true, Some(client)) => {
-                let upstream = parts.extensions.remove::<OnUpgrade>().ok_or_else(|| {
-                    ProxyError::Upstream(
-                        "101 from the upstream without an upgradable connection".to_owned(),
-                    )
-                })?;
-                Some(Tunnel {
-                    client,
-                    upstream,
-                    _sender: conn.take(),
-                })
-            }
-            (true, None) => {
-                return Err(ProxyError::Upstream(
+    /// Sends a [prepared](HttpUpstream::prepare) request upstream and returns its
+    /// response once its head arrived.
+    ///
+    /// The body streams while this waits. The upstream's timeout counts from the body's
+    /// last progress (`exchange`), not from the start, so a long upload is not cut off
+    /// for its length; a body whose client stalls is cut off by its own idle timeout. A
+    /// body cut off before the upstream answered is answered with the body's fault (413,
+    /// 408, 400), as the upstream never saw a whole request.
+    ///
+    /// `upgrade` is the client connection's upgrade, for a request its route lets
+    /// upgrade: when the upstream switches protocols (101) the answer comes with the
+    /// [`Tunnel`] to run between the two upgraded connections.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` keeps its arguments twice"
+    )]
+    pub(crate) fn forward(
+        &self,
+        request: Request<UpstreamBody>,
+        exchange: Option<&Arc<Exchange>>,
+        upgrade: Option<OnUpgrade>,
+    ) -> impl Future<Output = Result<(Response<ProxyBody>, Option<Tunnel>), ProxyError>> {
+        // Not an `async fn`, which would keep `request` twice in its future (as passed,
+        // and bound again inside) for as long as the request is in flight.
+        async move {
+            let timeout_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+            let busy = || {
+                ProxyError::Unavailable(format!(
+                    "{} requests are in flight to the upstream and none finished within {} ms",
+                    self.requests_max,
+                    self.permit_timeout.as_millis()
+                ))
+            };
+            // A free permit (the usual case) is taken without starting a timer.
+            let _permit = match self.permits.try_acquire() {
+                Ok(permit) => permit,
+                Err(_) => tokio::time::timeout(self.permit_timeout, self.permits.acquire())
+                    .await
+                    .map_err(|_| busy())?
+                    .map_err(|_| busy())?,
+            };
+            let started = tokio::time::Instant::now();
+            let result = self.send(request, exchange, started).await;
+            m::hot_path_handles()
+                .upstream_seconds
+                .record(started.elapsed().as_secs_f64());
+            let (response, mut conn) =
+                result.ok_or(ProxyError::UpstreamTimeout { timeout_ms })??;
+            let (mut parts, body) = response.into_parts();
+            let switched = parts.status == http::StatusCode::SWITCHING_PROTOCOLS;
+            let tunnel = match (switched, upgrade) {
+                (true, Some(client)) => {
+                    let upstream = parts.extensions.remove::<OnUpgrade>().ok_or_else(|| {
+                        ProxyError::Upstream(
+                            "101 from the upstream without an upgradable connection".to_owned(),
+                        )
+                    })?;
+                    Some(Tunnel {
+                        client,
+                        upstream,
+                        _sender: conn.take(),
+                    })
+                }
+                (true, None) => {
+                    return Err(ProxyError::Upstream(
                     "the upstream switched protocols (101) for a request that asked for no upgrade"
                         .to_owned(),
                 ));
-            }
-            (false, _) => None,
-        };
-        let protocol = tunnel
-            .as_ref()
-            .and_then(|_| parts.headers.get(header::UPGRADE).cloned());
-        strip_hop_by_hop(&mut parts.headers);
-        pass_upgrade(&mut parts.headers, protocol);
-        let body = match (&tunnel, conn) {
-            // An HTTP/1 connection goes back to the pool when this body has ended.
-            (None, Some(Sender::Http1(sender))) => {
-                PooledBody::new(body, Some((Arc::clone(&self.pool), sender)))
-            }
-            _ => PooledBody::new(body, None),
-        };
-        Ok((Response::from_parts(parts, body.boxed()), tunnel))
+                }
+                (false, _) => None,
+            };
+            let protocol = tunnel
+                .as_ref()
+                .and_then(|_| parts.headers.get(header::UPGRADE).cloned());
+            strip_hop_by_hop(&mut parts.headers);
+            pass_upgrade(&mut parts.headers, protocol);
+            let body = match (&tunnel, conn) {
+                // An HTTP/1 connection goes back to the pool when this body has ended.
+                (None, Some(Sender::Http1(sender))) => {
+                    PooledBody::new(body, Some((Arc::clone(&self.pool), sender)))
+                }
+                _ => PooledBody::new(body, None),
+            };
+            Ok((Response::from_parts(parts, body.boxed()), tunnel))
+        }
     }
 }
 
