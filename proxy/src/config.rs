@@ -299,6 +299,10 @@ pub struct Limits {
     /// Keep-alive connections idle for this long are closed, in milliseconds. At
     /// `connections_max`, idle ones are closed first anyway, so new clients are served.
     pub keepalive_timeout_ms: u64,
+    /// A client connection whose writes make no progress for this long is closed, in
+    /// milliseconds: a client that stops reading its response would otherwise hold its
+    /// connection, and the upstream connection the response comes from, for ever.
+    pub client_write_timeout_ms: u64,
     /// Largest request body, in bytes; larger: 413. Absent (the default): no cap, since
     /// bodies stream to the upstream after admission and are never held whole.
     pub body_bytes_max: Option<u64>,
@@ -352,6 +356,7 @@ impl Default for Limits {
             header_read_timeout_ms: 10_000,
             header_bytes_max: 16 * 1024,
             keepalive_timeout_ms: 60_000,
+            client_write_timeout_ms: 60_000,
             body_bytes_max: None,
             body_idle_timeout_ms: 30_000,
             body_buffer_bytes_max: BODY_BUFFER_BYTES_MAX_DEFAULT,
@@ -687,6 +692,10 @@ impl Limits {
             ("limits.connections_max", self.connections_max as u64),
             ("limits.header_read_timeout_ms", self.header_read_timeout_ms),
             ("limits.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            (
+                "limits.client_write_timeout_ms",
+                self.client_write_timeout_ms,
+            ),
             ("limits.body_idle_timeout_ms", self.body_idle_timeout_ms),
             ("limits.body_buffer_bytes_max", self.body_buffer_bytes_max),
             (

@@ -311,6 +311,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         connections_max: limits.connections_max,
         header_read_timeout: Duration::from_millis(limits.header_read_timeout_ms),
         keepalive_timeout: Duration::from_millis(limits.keepalive_timeout_ms),
+        write_timeout: Duration::from_millis(limits.client_write_timeout_ms),
         header_bytes_max: limits.header_bytes_max,
         h2_streams_max: limits.h2_streams_max,
         drain_timeout: Duration::from_millis(limits.drain_timeout_ms),

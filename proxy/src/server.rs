@@ -21,7 +21,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use palisade_protocol::server::{Admitted, ConnPolicy, Connections, Releasable, Served};
+use palisade_protocol::server::{
+    Admitted, CloseReason, ConnPolicy, Connections, Releasable, Served,
+};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -79,6 +81,8 @@ pub(crate) struct ListenerSettings {
     pub connections_max: usize,
     pub header_read_timeout: Duration,
     pub keepalive_timeout: Duration,
+    /// See [`Rewind`]'s write timeout (`limits.client_write_timeout_ms`).
+    pub write_timeout: Duration,
     pub header_bytes_max: usize,
     pub h2_streams_max: u32,
     pub drain_timeout: Duration,
@@ -223,6 +227,8 @@ struct Http {
     upgrades: bool,
     /// See [`IDLE_RELEASE_MS`].
     release_after: Duration,
+    /// See [`ListenerSettings::write_timeout`].
+    write_timeout: Duration,
     /// Connections parked now: released, waiting for their next request.
     parked: metrics::Gauge,
 }
@@ -262,6 +268,7 @@ impl Http {
             auto,
             upgrades: settings.upgrades,
             release_after,
+            write_timeout: settings.write_timeout,
             parked: metrics::gauge!(m::CONNECTIONS_PARKED, "listener" => settings.name),
         }
     }
@@ -295,7 +302,7 @@ impl Http {
             Ok(Err(e)) => return Err(e.into()),
             Err(stopped) => return Err(stopped.into()),
         };
-        let mut stream = Rewind::new(stream, first);
+        let mut stream = Rewind::new(stream, first, self.name, self.write_timeout);
         if h2 {
             let io = TokioIo::new(stream);
             // Boxed: hyper's HTTP/2 connection state is large, and only HTTP/2
@@ -427,23 +434,71 @@ impl ClientStream for tokio_rustls::server::TlsStream<TcpStream> {
 /// A client stream with bytes already read from it put back in front, and a switch for
 /// whether hyper's shutdown at the end of an HTTP/1.1 connection closes the stream (it
 /// must not when the connection is released, and the stream parked).
+///
+/// Its writes fail with `TimedOut` once one has made no progress for the write timeout
+/// (`limits.client_write_timeout_ms`), which ends the connection: hyper has no such
+/// timeout, and a client that stops reading would otherwise hold its connection, the
+/// response it left unread, and the upstream connection that response comes from, for
+/// as long as it likes.
 struct Rewind<T> {
     inner: T,
     prefix: Bytes,
     /// Set while a release is under way; read by the stream's `poll_shutdown`, which
     /// hyper calls from inside the connection.
     keep_open: Arc<AtomicBool>,
+    /// The listener's name, for the closes counter.
+    listener: &'static str,
+    write_timeout: Duration,
+    /// Running while a write is waiting for the client: since the last progress. Boxed,
+    /// and only then: a write that finds room at once (nearly all) starts no timer.
+    write_stall: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl<T: ClientStream> Rewind<T> {
-    fn new(inner: T, prefix: Bytes) -> Self {
+impl<T> Rewind<T> {
+    fn new(inner: T, prefix: Bytes, listener: &'static str, write_timeout: Duration) -> Self {
         Self {
             inner,
             prefix,
             keep_open: Arc::new(AtomicBool::new(false)),
+            listener,
+            write_timeout,
+            write_stall: None,
         }
     }
 
+    /// Passes on what a write-side call on the stream returned, holding it to the write
+    /// timeout: progress (or an error) ends the wait; a write still waiting when the
+    /// timeout passes fails with `TimedOut`.
+    fn timed<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<R>>,
+    ) -> Poll<std::io::Result<R>> {
+        if polled.is_ready() {
+            self.write_stall = None;
+            return polled;
+        }
+        let timeout = self.write_timeout;
+        let stall = self
+            .write_stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stall.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.write_stall = None;
+        m::connection_closed(self.listener, CloseReason::WriteTimeout);
+        Poll::Ready(Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the client read nothing of its response for {} ms \
+                 (limits.client_write_timeout_ms)",
+                timeout.as_millis()
+            ),
+        )))
+    }
+}
+
+impl<T: ClientStream> Rewind<T> {
     fn has_prefix(&self) -> bool {
         !self.prefix.is_empty()
     }
@@ -498,7 +553,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.timed(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -506,7 +562,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.timed(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -514,15 +571,17 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.timed(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        if self.keep_open.load(Ordering::Relaxed) {
+        let polled = if self.keep_open.load(Ordering::Relaxed) {
             Pin::new(&mut self.inner).poll_flush(cx)
         } else {
             Pin::new(&mut self.inner).poll_shutdown(cx)
-        }
+        };
+        self.timed(cx, polled)
     }
 }
 
@@ -620,6 +679,55 @@ impl<C: Round> Releasable for H1<C> {
 mod tests {
     use super::*;
 
+    /// Goal: a client that reads nothing of what the proxy writes loses its connection at
+    /// the write timeout, counted from the last progress. Method: a stream whose other
+    /// end never reads (an in-memory pipe with room for 64 bytes), a 1 KiB write, in
+    /// virtual time.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_makes_no_progress_fails_at_the_write_timeout() {
+        let (_client, server) = tokio::io::duplex(64);
+        let timeout = Duration::from_secs(60);
+        let mut stream = Rewind::new(server, Bytes::new(), "test", timeout);
+        let started = tokio::time::Instant::now();
+        let err = tokio::time::timeout(timeout * 2, stream.write_all(&[0u8; 1024]))
+            .await
+            .expect("the write ended within twice the timeout")
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
+        assert!(
+            err.to_string().contains("limits.client_write_timeout_ms"),
+            "{err}"
+        );
+        assert_eq!(
+            started.elapsed(),
+            timeout,
+            "failed at the timeout, not before"
+        );
+    }
+
+    /// Goal: a slow reader is not cut off: the timeout counts from the last progress, not
+    /// from the start of the write. Method: the other end reads 64 bytes every 40 s (the
+    /// timeout is 60 s), so the 1 KiB write takes 10 minutes of virtual time.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_is_not_cut_off() {
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut stream = Rewind::new(server, Bytes::new(), "test", Duration::from_secs(60));
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            let mut total = 0;
+            while total < 1024 {
+                tokio::time::sleep(Duration::from_secs(40)).await;
+                total += client.read(&mut buf).await.unwrap();
+            }
+            total
+        });
+        let started = tokio::time::Instant::now();
+        stream.write_all(&[0u8; 1024]).await.unwrap();
+        stream.flush().await.unwrap();
+        assert!(started.elapsed() >= Duration::from_secs(600));
+        assert_eq!(reader.await.unwrap(), 1024);
+    }
+
     /// Goal: a plain TCP connection's future stays small, as it is allocated for every
     /// connection for as long as it lives (parked ones included): neither the TLS
     /// stream nor hyper's HTTP/1 or HTTP/2 connection state is inline in it, nor an
@@ -638,6 +746,7 @@ mod tests {
             connections_max: 4,
             header_read_timeout: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(60),
             header_bytes_max: 16 * 1024,
             h2_streams_max: 100,
             drain_timeout: Duration::from_secs(1),

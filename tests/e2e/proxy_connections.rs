@@ -232,6 +232,72 @@ async fn silent_connection_is_closed_at_the_header_timeout_from_accept() {
     .await;
 }
 
+/// Goal: a client that stops reading its response loses its connection at the write
+/// timeout (`limits.client_write_timeout_ms`), counted as `write-timeout`, and the
+/// upstream connection its response comes from is let go with it instead of waiting on
+/// the client for ever. Method: a raw upstream that answers a GET with a 1 GiB body and
+/// writes it until its connection breaks; a client that sends the GET and reads
+/// nothing; a 500 ms write timeout. The upstream's writes must break off (the proxy
+/// dropped its connection) well before the whole body, and the close be counted.
+#[tokio::test]
+async fn client_that_stops_reading_is_closed_at_the_write_timeout() {
+    /// Far more than the kernel's socket buffers on the way can hold.
+    const BODY_BYTES: u64 = 1 << 30;
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_url = format!("http://{}", upstream.local_addr().unwrap());
+    let (sent_tx, sent_rx) = tokio::sync::oneshot::channel::<u64>();
+    tokio::spawn(async move {
+        let (mut conn, _) = upstream.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the proxy closed before sending a whole head");
+            head.extend_from_slice(&buf[..n]);
+        }
+        let answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {BODY_BYTES}\r\n\r\n");
+        conn.write_all(answer.as_bytes()).await.unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        let mut sent = 0u64;
+        while sent < BODY_BYTES {
+            match conn.write(&chunk).await {
+                Ok(n) => sent += n as u64,
+                Err(_) => break,
+            }
+        }
+        let _ = sent_tx.send(sent);
+    });
+    let config = write_config(dir.path(), "[limits]\nclient_write_timeout_ms = 500\n");
+    let proxy = start_proxy(
+        dir.path(),
+        &["--upstream", &upstream_url, "--config", &config],
+    );
+
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let sent = tokio::time::timeout(Duration::from_secs(60), sent_rx)
+        .await
+        .expect("the upstream's writes broke off within 60 s")
+        .unwrap();
+    eprintln!("the upstream sent {sent} bytes before the proxy let its connection go");
+    assert!(
+        sent < BODY_BYTES,
+        "the upstream's connection was dropped before the whole body"
+    );
+    wait::until(
+        "the write-timeout close to be counted",
+        Duration::from_secs(5),
+        || async { (closes(proxy.admin, "client", "write-timeout").await >= 1.0).then_some(()) },
+    )
+    .await;
+    drop(client);
+}
+
 /// Keeps `count` connections that send nothing open to `addr` until dropped: each one the
 /// server closes is opened again (after [`FLOOD_RECONNECT_PACE_MS`]). Counts reconnects.
 fn hold_idle_connections(

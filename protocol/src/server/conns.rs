@@ -66,16 +66,21 @@ pub enum CloseReason {
     KeepaliveTimeout,
     /// Idle (or not yet sent a head) and closed to make room at `connections_max`.
     EvictedIdle,
+    /// A write to the client made no progress for the write timeout: a client that
+    /// stopped reading its response.
+    WriteTimeout,
 }
 
 impl CloseReason {
-    /// The metric label: `header-timeout`, `keepalive-timeout`, `evicted-idle`.
+    /// The metric label: `header-timeout`, `keepalive-timeout`, `evicted-idle`,
+    /// `write-timeout`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
             Self::HeaderTimeout => "header-timeout",
             Self::KeepaliveTimeout => "keepalive-timeout",
             Self::EvictedIdle => "evicted-idle",
+            Self::WriteTimeout => "write-timeout",
         }
     }
 }
