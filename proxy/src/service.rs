@@ -160,8 +160,9 @@ fn run_phases(
         let (mut parts, body) = request.into_parts();
         check_head_size(&parts, shared.head_bytes_max)?;
         let decision = shared.classifier.classify(&parts)?;
-        // An upgrade its route allows: the client connection's upgrade goes with the request
-        // (taken now, before the parts move), to be tunnelled if the upstream switches.
+        // An upgrade its route allows: the client connection's upgrade goes with the
+        // request (taken now, before the parts move), to be tunnelled if the upstream
+        // switches.
         let upgrade = if decision.upgrade {
             if matches!(shared.backend, Backend::Embedded(_)) {
                 return Err(ProxyError::NotTunnelled {
@@ -180,16 +181,17 @@ fn run_phases(
             return Err(ProxyError::MissingToken);
         }
 
-        // Phase: check the proof, before anything can move the fence or wait at the barrier
-        // (a forged token must not raise it), and before the body is read (a forger does not
-        // get the proxy to hold its body). Equal tokens with the same proof are a lookup.
+        // Phase: check the proof, before anything can move the fence or wait at the
+        // barrier (a forged token must not raise it), and before the body is read (a
+        // forger does not get the proxy to hold its body). Equal tokens with the same
+        // proof are a lookup.
         if let (true, Some(token), Some(proofs)) = (ctx.fenced, ctx.token, &shared.proofs) {
             proofs.check_header(&ctx.scope, token, &parts.headers)?;
         }
 
-        // A body whose declared length is over the limit is refused now, before admission,
-        // so it neither raises the fence nor gets `100 Continue`. A chunked body is held to
-        // the limit while it streams.
+        // A body whose declared length is over the limit is refused now, before
+        // admission, so it neither raises the fence nor gets `100 Continue`. A chunked
+        // body is held to the limit while it streams.
         let body_max = shared.body_max();
         if let Some((max, field)) = body_max
             && body.size_hint().lower() > max
@@ -214,13 +216,13 @@ fn run_phases(
         }
 
         // Phase: forward, streaming the body. The forward runs in the connection's own
-        // task (no task of its own and no hand-off per request), but once started it is never
-        // cancelled: if the client goes away, hyper drops this future, and `Forward` then
-        // moves the forward into a task of its own, because the upstream may still apply the
-        // write. The forward keeps the in-flight guard until the upstream has answered (or
-        // timed out), and a body still streaming keeps it until it is done (a client that
-        // goes away mid-body fails it, which ends the upstream exchange), so higher tokens
-        // keep waiting for both.
+        // task (no task of its own and no hand-off per request), but once started it is
+        // never cancelled: if the client goes away, hyper drops this future, and
+        // `Forward` then moves the forward into a task of its own, because the upstream
+        // may still apply the write. The forward keeps the in-flight guard until the
+        // upstream has answered (or timed out), and a body still streaming keeps it
+        // until it is done (a client that goes away mid-body fails it, which ends the
+        // upstream exchange), so higher tokens keep waiting for both.
         ctx.forwarding = true;
         let token = ctx.token;
         let outgoing = Outgoing {
@@ -261,10 +263,10 @@ fn forward(
 ) -> impl Future<Output = Result<Response<ProxyBody>, ProxyError>> {
     // Not an `async fn`: see `handle`.
     async move {
-        // `outgoing`'s fields are used where they are, not bound to names of their own: a
-        // future keeps room for each value it holds across an await, and its arguments stay
-        // there even once moved on, so a copy under another name would be held twice for as
-        // long as the request is in flight.
+        // `outgoing`'s fields are used where they are, not bound to names of their own:
+        // a future keeps room for each value it holds across an await, and its
+        // arguments stay there even once moved on, so a copy under another name would
+        // be held twice for as long as the request is in flight.
         fail::fail_point!("proxy-before-forward");
         // Fleet mode: when a write admitted under the lease must have landed, if at all,
         // and when the whole request must have reached the upstream.
@@ -290,9 +292,9 @@ fn forward(
         }
         if exchange.is_some() {
             body.read_ahead().await;
-            // A body that failed before anything was sent (a client that stalled or left,
-            // a body over its limit) is answered here: the upstream never sees the request,
-            // and its connection is not broken off mid-request.
+            // A body that failed before anything was sent (a client that stalled or
+            // left, a body over its limit) is answered here: the upstream never sees
+            // the request, and its connection is not broken off mid-request.
             if let Some(fault) = body.fault_ahead() {
                 return Err(fault.to_proxy_error());
             }
@@ -310,8 +312,8 @@ fn forward(
                 };
                 match sent {
                     Ok((response, Some(tunnel))) => {
-                        // The tunnel carries whatever the client sends next, so it holds the
-                        // in-flight guard for as long as it is open.
+                        // The tunnel carries whatever the client sends next, so it
+                        // holds the in-flight guard for as long as it is open.
                         let held = (exchange.take(), admitted.take());
                         tokio::spawn(async move {
                             tunnel.run().await;
@@ -321,12 +323,13 @@ fn forward(
                     }
                     Ok((response, None)) => Ok(response),
                     Err(e) => {
-                        // No answer (a timeout, a broken connection): the storage may still
-                        // apply the write. In fleet mode it stays in flight until it can no
-                        // longer land (its lease's end plus the write bound), so neither a
-                        // higher token here nor an acknowledgement of a new term (an advance
-                        // waits at the barrier) passes it meanwhile. Its completion is
-                        // unknown, so it is not judged an overrun.
+                        // No answer (a timeout, a broken connection): the storage may
+                        // still apply the write. In fleet mode it stays in flight until
+                        // it can no longer land (its lease's end plus the write bound),
+                        // so neither a higher token here nor an acknowledgement of a
+                        // new term (an advance waits at the barrier) passes it
+                        // meanwhile. Its completion is unknown, so it is not judged an
+                        // overrun.
                         if let Some(until) = hold_until {
                             let held = admitted
                                 .take()

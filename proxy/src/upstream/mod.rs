@@ -390,7 +390,8 @@ impl HttpUpstream {
                     _ => {
                         let e = e.into_error();
                         return Err(match BodyFault::find(&e) {
-                            // The client's body failed, not the upstream: answer with its fault.
+                            // The client's body failed, not the upstream: answer with
+                            // its fault.
                             Some(fault) => fault.to_proxy_error(),
                             None => ProxyError::Upstream(error_chain(&e)),
                         });
