@@ -804,6 +804,13 @@ mod tests {
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("limits.header_bytes_max"), "{err}");
 
+        // No write timeout at all would let a client that reads nothing hold its
+        // connection for ever; 0 is refused, not taken as "none".
+        let mut c = ProxyConfig::default();
+        c.limits.client_write_timeout_ms = 0;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("limits.client_write_timeout_ms"), "{err}");
+
         let c = ProxyConfig {
             routes: vec![Route {
                 prefix: "/a".into(),
