@@ -7,7 +7,8 @@
 //!
 //! # Layout
 //! - `tables`: every redb table definition, in one place.
-//! - `db`: opening (or creating) a database file, and the errors of doing so.
+//! - `db`: opening (or creating, at first start only) a database file; a lost or damaged
+//!   one is an error, never a fresh start.
 //! - `fence`: the fence register, scope to highest admitted token; memory-served reads, fsynced raises.
 //! - `objects`: the embedded object store, the proxy's default backing storage.
 //! - `raftlog`: `raft::Storage` on redb, one write transaction per raft `Ready`.
@@ -22,7 +23,7 @@ mod objects;
 mod raftlog;
 mod tables;
 
-pub use db::{OpenError, open_database};
+pub use db::{MARKER_SUFFIX, OpenError, marker_path, open_database, without_panics};
 pub use fence::{Advance, AdvanceError, FenceRegister, SCOPES_MAX_DEFAULT};
 pub use members::{
     ANNOUNCE_URL_BYTES_MAX, MEMBER_PEER_BYTES_MAX, MEMBERS_TABLE_ENTRIES_MAX, MemberRecord,
