@@ -160,15 +160,20 @@ pub fn without_panics<T>(
         })) if is_damage(&err) => Err(damaged(err.to_string())),
         Ok(Err(OpenError::Load(detail))) => Err(damaged(detail)),
         Ok(result) => result,
-        Err(panic) => {
-            let detail = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "redb panicked while reading it".to_owned());
-            Err(damaged(format!("redb panicked while reading it: {detail}")))
-        }
+        Err(panic) => Err(damaged(format!(
+            "redb panicked while reading it: {}",
+            panic_detail(panic.as_ref())
+        ))),
     }
+}
+
+/// The message of a caught panic (its `&str` or `String` payload), or "" when it has none.
+pub(crate) fn panic_detail(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
 }
 
 /// Whether redb's error says the file's contents are wrong (rather than, say, that the

@@ -224,10 +224,24 @@ impl RaftLog {
     /// Opens the raft log kept in `db`, creating its tables when absent, and loads it into
     /// memory. A log that was never initialized has an empty conf state: call
     /// [`RaftLog::initialize`] before handing it to raft.
+    ///
+    /// A file damaged mid-way can make redb panic while the log is read; that panic is
+    /// caught here and reported as [`RaftLogError::Corrupt`], so a node with a damaged
+    /// `raft.redb` stops with a clear error instead.
     pub fn open(db: Arc<Database>) -> Result<Self, RaftLogError> {
-        ensure_tables(&db)?;
-        let core = load(&db)?;
-        core.check()?;
+        let core = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ensure_tables(&db)?;
+            let core = load(&db)?;
+            core.check()?;
+            Ok::<_, RaftLogError>(core)
+        }))
+        .map_err(|panic| {
+            RaftLogError::Corrupt(format!(
+                "redb panicked while reading the log ({}): the file is damaged; \
+                 restore it from a backup, or replace this node under a new id",
+                crate::db::panic_detail(panic.as_ref())
+            ))
+        })??;
         Ok(Self {
             db,
             core: Arc::new(RwLock::new(core)),
