@@ -18,6 +18,10 @@
 //! With a signing key, each announcement carries the token's proof, which a proxy holding
 //! the public key accepts without any other credential; `--announce-token-file` adds a
 //! bearer token for proxies whose admin API requires one.
+//!
+//! The announcers follow the announce list the election loop publishes (the flags', or
+//! the one the cluster agreed on through `POST /v1/announce`): [`follow`] runs one for
+//! the current list and replaces it when the list changes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +46,7 @@ pub const ANNOUNCE_BACKOFF_MIN_MS: u64 = 50;
 pub const ANNOUNCE_BACKOFF_MAX_MS: u64 = 2_000;
 
 /// What the announcer needs.
+#[derive(Clone)]
 pub(crate) struct Announcer {
     pub scope: String,
     pub urls: Vec<String>,
@@ -76,8 +81,56 @@ pub(crate) fn client_tls(tls: Option<&NodeTls>) -> Result<ClientTls, ConfigError
         .map_err(bad)
 }
 
+/// Runs the announcer for the current announce list, and a new one (the old one stopped)
+/// each time the list changes: the election loop publishes the list it applied on
+/// `lists`. Each announcer is `template` with the list's URLs, stopped by a child of
+/// `shutdown`. No announcer runs while the list is empty.
+pub(crate) fn follow(
+    template: Announcer,
+    mut lists: watch::Receiver<Vec<String>>,
+    shutdown: CancellationToken,
+    tasks: &mut JoinSet<()>,
+    span: tracing::Span,
+) {
+    tasks.spawn(
+        async move {
+            loop {
+                let urls = lists.borrow_and_update().clone();
+                let stop = shutdown.child_token();
+                let running = (!urls.is_empty()).then(|| {
+                    let announcer = Announcer {
+                        urls,
+                        shutdown: stop.clone(),
+                        ..template.clone()
+                    };
+                    tokio::spawn(run(announcer).in_current_span())
+                });
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    changed = lists.changed() => {
+                        if changed.is_ok() {
+                            stop.cancel();
+                            if let Some(task) = running {
+                                // The announcer ends at its token; a panic there was logged.
+                                let _ = task.await;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                stop.cancel();
+                if let Some(task) = running {
+                    let _ = task.await;
+                }
+                return;
+            }
+        }
+        .instrument(span),
+    );
+}
+
 /// The announcer task: waits for a token, announces it, repeats for the next one.
-pub(crate) async fn run(a: Announcer) {
+async fn run(a: Announcer) {
     let timeout = Duration::from_millis(ANNOUNCE_TIMEOUT_MS);
     // The URLs were validated with the node's configuration; one that the client still
     // refuses is logged once and leaves every token not announced.

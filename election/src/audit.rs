@@ -3,15 +3,15 @@
 //!
 //! The hooks never block: the announce board is a short mutex never held across an
 //! await, and an audit record goes on the writer's bounded queue or is counted as
-//! dropped ([`palisade_protocol::server::audit`]).
+//! dropped ([`palisade_server::audit`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use palisade_protocol::audit::event;
-use palisade_protocol::server::audit::{AuditConfig, AuditLog};
 use palisade_protocol::{AuditRecord, MemberList};
+use palisade_server::audit::{AuditConfig, AuditLog};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

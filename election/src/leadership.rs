@@ -1,8 +1,6 @@
 //! What a node knows about leadership, published on a `tokio::sync::watch` after every
 //! cycle of the election loop.
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use palisade_protocol::Role;
@@ -104,7 +102,7 @@ impl Default for Leadership {
 }
 
 /// Length of an Ed25519 signature in bytes.
-pub const TOKEN_PROOF_BYTES: usize = 64;
+pub const TOKEN_PROOF_BYTES: usize = palisade_protocol::proof::PROOF_BYTES;
 
 /// A token proof: an Ed25519 signature. Kept as bytes so that [`Leadership`] stays `Copy`;
 /// shown and serialized as base64url without padding, the wire form of
@@ -115,13 +113,14 @@ pub struct TokenProof(pub [u8; TOKEN_PROOF_BYTES]);
 impl TokenProof {
     /// The wire form: base64url without padding (86 characters).
     pub fn encode(&self) -> String {
-        URL_SAFE_NO_PAD.encode(self.0)
+        palisade_protocol::proof::encode_proof(&self.0)
     }
 
     /// Parses the wire form; `None` unless it is exactly 64 bytes of unpadded base64url.
     pub fn decode(text: &str) -> Option<Self> {
-        let bytes = URL_SAFE_NO_PAD.decode(text).ok()?;
-        Some(Self(bytes.try_into().ok()?))
+        palisade_protocol::proof::decode_proof(text.as_bytes())
+            .ok()
+            .map(Self)
     }
 }
 

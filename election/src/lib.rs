@@ -30,34 +30,52 @@
 //! ```
 //!
 //! # Layout
-//! - `config`: [`NodeConfig`], its defaults and limits, and validation naming the bad field.
+//! The modules form floors: each imports only from the floors below it, and no two files
+//! import each other except the election loop's own `impl` blocks inside `node`
+//! (`.ci/election-imports.py` shows the import graph's cycles).
+//!
+//! The ground floor, what everything else is written in terms of:
+//! - `config`: [`NodeConfig`], declared once: its limits and defaults (the peer transport's
+//!   too), its TOML file, validation naming the bad field, and the rules of `--join`.
 //! - `leadership`: [`Leadership`], what the watch channel publishes, and the raft-role
 //!   mapping to the API's [`Role`].
-//! - `node`: [`Node::start`], [`NodeHandle`], the errors, and the election loop that owns
-//!   the `RawNode` and handles each `Ready` in the order raft-rs documents.
-//! - `transport`: the peer protocol (length-prefixed prost frames carrying protobuf raft
-//!   messages, and score frames), inbound checks, the TCP transport, its test faults (drop
-//!   or delay per peer, off unless enabled), and the in-memory test network.
+//! - `members`: the rules of membership changes, the conf changes that carry them, and
+//!   the members table they produce (the loop's side is `node`'s `membership`, the HTTP
+//!   side `api`'s `members`).
+//! - `metrics`: the node's own Prometheus recorder and metric handles.
 //! - `tls`: mutual TLS of the peer links and the API (`--cert`, `--key`, `--ca`): the
 //!   certificate names `node-<id>`, checked at start, by dialers and by acceptors.
+//!
+//! The peers and the election:
+//! - `transport`: the peer protocol (length-prefixed prost frames carrying protobuf raft
+//!   messages, and score frames), inbound checks, the TCP transport, its test faults (drop
+//!   or delay per peer, off unless enabled), and the in-memory test network. It delivers
+//!   its own `Inbound` type; it knows nothing of the loop.
+//! - `score`: leaders placed by score (`--score-oracle`): the oracles and their settings
+//!   (`score/mod.rs`, which the configuration uses), sharing scores with the peers, the
+//!   election timeout by rank, and resignation to a better follower (`score::board`, the
+//!   loop's score state).
+//! - `node`: the election loop that owns the `RawNode` and handles each `Ready` in the
+//!   order raft-rs documents, [`NodeHandle`], and the errors. Its `lease_rounds` is the
+//!   loop's side of fleet leases, its `membership` the loop's side of membership changes.
+//!
+//! What runs around the loop, talking to it through its inbox and its watch channels:
 //! - `announce`: fencing the configured proxies when this node becomes established, with
-//!   `palisade_client`'s admin client and backoff policy.
-//! - `token_source`: [`NodeHandleSource`], a `palisade_client::TokenSource` over an
-//!   in-process node's leadership watch.
-//! - `api`: the HTTP API on axum (`/v1/leader` with long poll, `/v1/transfer`,
-//!   `/v1/resign`, `/v1/lease`, `/metrics`, `/healthz`, and the test-fault route when
-//!   enabled).
-//! - `lease`: the `/v1/lease` handler: fleet leases for the `--announce` proxies, each
-//!   granted after a quorum confirmed this node's leadership (the election loop's side,
-//!   batching requests into `ReadIndex` rounds, is in `node`).
-//! - `metrics`: the node's own Prometheus recorder and metric handles.
+//!   `palisade_client`'s admin client and backoff policy; the announcers follow the
+//!   announce list the loop publishes.
 //! - `audit`: what the node remembers for people (the announce state per proxy) and
 //!   writes to its audit log (announces, transfers, membership changes).
-//! - `status_page`: the HTML status page at `GET /` on the node API.
-//! - `members`: the rules of membership changes, the conf changes that carry them, and
-//!   the members table they produce (the loop's side is in `node`).
-//! - `score`: leaders placed by score (`--score-oracle`): the oracles, sharing scores with
-//!   the peers, the election timeout by rank, and resignation to a better follower.
+//! - `api`: the HTTP API on axum, one file per concern: `/v1/leader` with long poll,
+//!   `/v1/transfer`, `/v1/resign`, `/v1/lease` (`api`'s `lease`: fleet leases for the
+//!   `--announce` proxies), `/v1/members`, `/v1/announce`, `/metrics`, `/healthz`, the
+//!   status page at `GET /`, and the test-fault route when enabled.
+//! - `token_source`: [`NodeHandleSource`], a `palisade_client::TokenSource` over an
+//!   in-process node's leadership watch.
+//!
+//! The top floor:
+//! - `start`: [`Node::start`], the composition root: it prepares the secrets, the members
+//!   table and the `RawNode`, binds the transport and the API, runs the announcers, and
+//!   spawns the loop.
 #![deny(missing_docs)]
 
 mod announce;
@@ -65,12 +83,11 @@ mod api;
 mod audit;
 mod config;
 mod leadership;
-mod lease;
 mod members;
 mod metrics;
 mod node;
 mod score;
-mod status_page;
+mod start;
 mod tls;
 mod token_source;
 pub mod transport;
@@ -78,22 +95,23 @@ pub mod transport;
 pub use announce::{ANNOUNCE_BACKOFF_MAX_MS, ANNOUNCE_BACKOFF_MIN_MS, ANNOUNCE_TIMEOUT_MS};
 pub use api::{
     API_BODY_BYTES_MAX, API_CONNECTION_CLOSES, API_CONNECTIONS_MAX, API_DRAIN_TIMEOUT_MS,
-    API_HEADER_TIMEOUT_MS, API_KEEPALIVE_TIMEOUT_MS, LONG_POLL_TIMEOUT_MS_DEFAULT,
-    LONG_POLL_TIMEOUT_MS_MAX,
+    API_HEADER_TIMEOUT_MS, API_KEEPALIVE_TIMEOUT_MS, LEASE_BUSY, LEASE_PENDING_MAX, LEASE_TIMEOUT,
+    LEASE_WAIT_TIMEOUT_MS, LONG_POLL_TIMEOUT_MS_DEFAULT, LONG_POLL_TIMEOUT_MS_MAX,
 };
 pub use config::{
-    ConfigError, ELECTION_TICKS_DEFAULT, ELECTION_TICKS_MAX, HEARTBEAT_TICKS_DEFAULT,
+    ANNOUNCE_URLS_MAX, AUDIT_LOG_BYTES_MIN, ConfigError, ConfigFileError, ELECTION_TICKS_DEFAULT,
+    ELECTION_TICKS_MAX, FRAME_BYTES_MAX, HEARTBEAT_TICKS_DEFAULT, JoinError,
     LEASE_DRIFT_PPM_DEFAULT, LEASE_DRIFT_PPM_LIMIT, LEASE_HEARTBEATS_MIN, LEASE_MS_MAX,
     LEASE_MS_MIN, LEASE_WRITE_BOUND_MS_DEFAULT, MAX_TERM_GAP_DEFAULT, NodeConfig, NodeTls,
-    PEERS_MAX, TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, split_host_port,
+    PEER_QUEUE_MAX, PEERS_MAX, RAFT_INFLIGHT_MSGS_MAX, RAFT_MSG_BYTES_MAX, SCORE_ABS_MAX,
+    TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, parse_api, parse_peers, split_host_port,
 };
 pub use leadership::{Leadership, ReleasedBy, TOKEN_PROOF_BYTES, TokenProof};
-pub use lease::{LEASE_BUSY, LEASE_PENDING_MAX, LEASE_TIMEOUT, LEASE_WAIT_TIMEOUT_MS};
 pub use members::{MEMBER_CHANGE_TIMEOUT_MS, MEMBERS_MAX, MemberError};
 pub use node::{
     INBOX_MAX, KEY_FILE_BYTES_MAX, LEASE_GATHER_LEASE_DIVISOR, LEASE_GATHER_MS_MAX,
-    LEASE_ROUND_TIMEOUT_MS, LeaseError, Node, NodeError, NodeHandle, StartError, StartOptions,
-    TERM_ACCEPTED_MAX, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
+    LEASE_ROUND_TIMEOUT_MS, LeaseError, NodeError, NodeHandle, TERM_ACCEPTED_MAX,
+    TRANSFER_TIMEOUT_ELECTIONS, TransferError,
 };
 /// The wire types of the node API, defined once in `palisade_protocol` and re-exported
 /// here so embedders need not name that crate.
@@ -106,7 +124,7 @@ pub use score::{
     SCORE_ORACLE_DEFAULT, SCORE_ORACLE_OFF, SCORE_RANK_SLOT_TICKS, SCORE_SHARE_TICKS,
     SCORE_STALE_ELECTIONS, ScoreOracle,
 };
+pub use start::{Node, StartError, StartOptions};
 pub use token_source::NodeHandleSource;
 pub use transport::faults::FAULT_DELAY_MS_MAX;
 pub use transport::mem::MemNetwork;
-pub use transport::{FRAME_BYTES_MAX, PEER_QUEUE_MAX, SCORE_ABS_MAX};

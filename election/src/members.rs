@@ -222,32 +222,6 @@ pub(crate) fn check_announce(proxies: &[String]) -> Result<(), MemberError> {
     Ok(())
 }
 
-/// Replaces the announce list through the loop and waits (at most
-/// [`MEMBER_CHANGE_TIMEOUT_MS`]) until this node applied it.
-pub(crate) async fn announce_and_wait(
-    commands: &crate::node::Commands,
-    announce: &tokio::sync::watch::Receiver<Vec<String>>,
-    proxies: Vec<String>,
-) -> Result<Vec<String>, MemberError> {
-    let mut rx = announce.clone();
-    let want = proxies.clone();
-    commands
-        .member_change(MemberChange::Announce { proxies })
-        .await?;
-    let waited = tokio::time::timeout(
-        std::time::Duration::from_millis(MEMBER_CHANGE_TIMEOUT_MS),
-        rx.wait_for(|l| *l == want),
-    )
-    .await;
-    match waited {
-        Ok(Ok(list)) => Ok(list.clone()),
-        Ok(Err(_)) => Err(MemberError::Stopped),
-        Err(_) => Err(MemberError::TimedOut {
-            waited_ms: MEMBER_CHANGE_TIMEOUT_MS,
-        }),
-    }
-}
-
 /// Checks a requested change against this node's table and conf state; `leader_id` is the
 /// leader this node knows.
 pub(crate) fn check(
@@ -452,33 +426,6 @@ pub(crate) fn view(table: &MembersTable, cs: &ConfState) -> MemberList {
         removed: table.removed(),
         index: table.index,
         joint: is_joint(cs),
-    }
-}
-
-/// Proposes `change` through the loop and waits (at most [`MEMBER_CHANGE_TIMEOUT_MS`])
-/// until this node (`own_id`) applied it and left the joint configuration; answers the
-/// members then. A node asked to remove itself answers once it applied its removal: the
-/// entry that leaves the joint configuration may never reach it.
-pub(crate) async fn change_and_wait(
-    commands: &crate::node::Commands,
-    members: &tokio::sync::watch::Receiver<MemberList>,
-    own_id: u64,
-    change: MemberChange,
-) -> Result<MemberList, MemberError> {
-    let mut rx = members.clone();
-    commands.member_change(change.clone()).await?;
-    let removing_self = change == MemberChange::Remove { id: own_id };
-    let waited = tokio::time::timeout(
-        std::time::Duration::from_millis(MEMBER_CHANGE_TIMEOUT_MS),
-        rx.wait_for(|l| change.is_done(l) && (!l.joint || removing_self)),
-    )
-    .await;
-    match waited {
-        Ok(Ok(list)) => Ok(list.clone()),
-        Ok(Err(_)) => Err(MemberError::Stopped),
-        Err(_) => Err(MemberError::TimedOut {
-            waited_ms: MEMBER_CHANGE_TIMEOUT_MS,
-        }),
     }
 }
 

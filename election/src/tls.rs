@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use palisade_protocol::tls::{
+use palisade_server::tls::{
     TlsFileError, acceptor, client_verifier, load_certs, load_key, load_roots, provider,
 };
 use rustls::client::{Resumption, verify_server_cert_signed_by_trust_anchor, verify_server_name};

@@ -1,5 +1,9 @@
 //! The structured log events that tests and tools key on: each carries an `event` field
 //! named in `palisade_protocol::process::events`, and the node's durable `term`.
+//!
+//! A binary of its own: it installs a tracing subscriber for its thread, and tracing
+//! caches, per process, which call sites are enabled; nodes of other tests logging in
+//! parallel in the same process made it miss events.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers may panic
 
 use std::io::Write;

@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
 
 /// Default size at which an audit file is rotated: large enough for about half a million
 /// rejections, small enough to open in an editor.
@@ -139,115 +141,37 @@ pub fn rotated_path(path: &Path, n: u32) -> PathBuf {
 }
 
 /// `time` as RFC 3339 in UTC with milliseconds: `2026-11-23T16:38:10.123Z`. Times before
-/// 1970 are written as the epoch (no audit event predates its writer).
+/// 1970 are written as the epoch (no audit event predates its writer), and so are times
+/// past the year 9999, which no clock reads.
 pub fn rfc3339(time: SystemTime) -> String {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-    let secs = since.as_secs();
-    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX);
-    let rem = secs % 86_400;
-    let (year, month, day) = civil_from_days(days);
+    let at = i64::try_from(since.as_secs())
+        .ok()
+        .and_then(|secs| OffsetDateTime::from_unix_timestamp(secs).ok())
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH);
     format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
         since.subsec_millis()
     )
 }
 
 /// Parses an RFC 3339 time: `YYYY-MM-DDTHH:MM:SS`, optional fraction, then `Z` or an
-/// offset `±HH:MM`. The error says what was expected.
+/// offset `±HH:MM`. The error names the text and says what was wrong.
 pub fn parse_rfc3339(text: &str) -> Result<SystemTime, String> {
-    let bad = |what: &str| {
+    let bad = |what: &dyn std::fmt::Display| {
         format!("{text:?} is not an RFC 3339 time ({what}); e.g. 2026-11-23T16:38:10Z")
     };
-    let b = text.as_bytes();
-    if b.len() < 20 {
-        return Err(bad("too short"));
+    let at = OffsetDateTime::parse(text, &Rfc3339).map_err(|err| bad(&err))?;
+    if at < OffsetDateTime::UNIX_EPOCH {
+        return Err(bad(&"before 1970"));
     }
-    let num = |range: std::ops::Range<usize>| -> Result<i64, String> {
-        let part = text.get(range).ok_or_else(|| bad("not ASCII"))?;
-        if part.bytes().all(|c| c.is_ascii_digit()) {
-            part.parse::<i64>().map_err(|_| bad("a number"))
-        } else {
-            Err(bad("a digit expected"))
-        }
-    };
-    if b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return Err(bad("separators"));
-    }
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return Err(bad("a field out of range"));
-    }
-    let mut rest = &text[19..];
-    let mut nanos: u64 = 0;
-    if let Some(fraction) = rest.strip_prefix('.') {
-        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return Err(bad("an empty fraction"));
-        }
-        for (i, c) in fraction.bytes().take(digits).enumerate() {
-            if i < 9 {
-                nanos += u64::from(c - b'0') * 10u64.pow(8 - i as u32);
-            }
-        }
-        rest = &fraction[digits..];
-    }
-    let offset_secs: i64 = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let ob = rest.as_bytes();
-            if ob.len() != 6 || !matches!(ob[0], b'+' | b'-') || ob[3] != b':' {
-                return Err(bad("Z or an offset ±HH:MM expected"));
-            }
-            let hh: i64 = rest[1..3].parse().map_err(|_| bad("offset hours"))?;
-            let mm: i64 = rest[4..6].parse().map_err(|_| bad("offset minutes"))?;
-            let sign = if ob[0] == b'-' { -1 } else { 1 };
-            sign * (hh * 3600 + mm * 60)
-        }
-    };
-    let days = days_from_civil(year, month, day);
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
-    let secs = u64::try_from(secs).map_err(|_| bad("before 1970"))?;
-    Ok(UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_nanos(nanos))
-}
-
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-/// (year, month, day) to days since 1970-01-01 (Howard Hinnant's `days_from_civil`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = if month > 2 { month - 3 } else { month + 9 };
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    Ok(SystemTime::from(at))
 }
 
 #[cfg(test)]

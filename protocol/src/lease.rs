@@ -30,6 +30,10 @@ pub const LEASES_OFF: &str = "leases-off";
 /// Problem kind, on a proxy's data path: the proxy holds no valid lease (it lapsed and a
 /// renewal failed or timed out), so it forwards no fenced write; retry after `Retry-After`.
 pub const LEASE_EXPIRED: &str = "lease-expired";
+/// Problem kind: too many lease requests are already waiting on the node asked (503).
+pub const LEASE_BUSY: &str = "lease-busy";
+/// Problem kind: the leader could not confirm its leadership within the wait (503).
+pub const LEASE_TIMEOUT: &str = "lease-timeout";
 
 /// `POST /v1/lease`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,8 +5,13 @@
 //! sides of a socket lives here, and nowhere else: header names, the scope rule, token
 //! parsing, the problem+json body, the request and response types of the admin API and
 //! the node API, and the lines and environment variables that a parent process and a
-//! `palisade` child agree on. The crate depends on `http` and `serde` only, so that any
-//! client can use it without pulling in a server stack.
+//! `palisade` child agree on.
+//!
+//! The crate is data and nothing else: it depends on `http` (status codes and header
+//! names) and `serde`, and on two small data crates, `base64` for the text form of token
+//! proofs and `time` for the audit line's RFC 3339 times, so that any client can use it
+//! without pulling in a runtime. The servers that speak this contract (axum, hyper,
+//! tokio, rustls) are `palisade-server`'s.
 //!
 //! The Python client (`clients/python/palisade.py`) keeps its own copy of the names; a
 //! test there checks it against `protocol/cases.json`, which a test here checks against
@@ -16,21 +21,20 @@
 //! - `headers`: the header names (`Fencing-Token`, `Fencing-Scope`, ...).
 //! - `scope`: [`Scope`], the one validator of scope names.
 //! - `token`: parsing `Fencing-Token` from a request head.
-//! - `problem`: [`Problem`], the RFC 9457 error body every API answers with.
+//! - `problem`: [`Problem`], the RFC 9457 error body every API answers with, and
+//!   `problem::kind`, the problem kinds of the proxy and the control plane.
 //! - `admin`: the proxy's admin API: paths and bodies.
 //! - `node`: the node API: paths, [`LeaderView`], [`Role`], transfers, test faults.
-//! - `lease`: fleet leases: [`LeaseRequest`], [`LeaseGrant`], `POST /v1/lease`.
+//! - `lease`: fleet leases: [`LeaseRequest`], [`LeaseGrant`], `POST /v1/lease`, and the
+//!   kinds of its refusals.
 //! - `store`: the embedded object store's answers: [`StoredObject`], [`KeyList`].
-//! - `proof`: the bytes a token proof signs ([`proof::proof_message`]).
+//! - `proof`: the bytes a token proof signs ([`proof::proof_message`]) and its text form
+//!   in `Fencing-Token-Proof` ([`proof::encode_proof`], [`proof::decode_proof`]).
 //! - `audit`: the audit log's line, [`AuditRecord`], its event names, RFC 3339 times
 //!   and the names of rotated files.
 //! - `status`: a proxy's status snapshot ([`ProxyStatus`], `GET /v1/status`), which its
 //!   HTML status page renders.
 //! - `process`: ready lines, failpoint lines, environment variable names, log event names.
-//! - `server` (feature `server`): the control-plane stack on axum: problem+json errors,
-//!   extractors, and the accept loop the admin API and the node API share.
-//! - `tls` (feature `server`): PEM files into rustls configurations, and the acceptor of a
-//!   control-plane listener with optional mutual TLS.
 #![deny(missing_docs)]
 
 pub mod admin;
@@ -42,12 +46,8 @@ pub mod problem;
 pub mod process;
 pub mod proof;
 pub mod scope;
-#[cfg(feature = "server")]
-pub mod server;
 pub mod status;
 pub mod store;
-#[cfg(feature = "server")]
-pub mod tls;
 pub mod token;
 
 pub use admin::{

@@ -7,10 +7,72 @@ use serde::{Deserialize, Serialize};
 /// (`.../problems/stale-token`), and is stable: clients and metrics key on it.
 pub const PROBLEM_TYPE_BASE: &str = "https://palisade.invalid/problems/";
 
+/// The problem kinds (the last segment of a problem's `type`) that the proxy and the
+/// control-plane servers answer with. Clients and metrics key on them, so each is spelled
+/// once, here. The fleet lease's kinds are in [`crate::lease`].
+pub mod kind {
+    /// A write without `Fencing-Token` (400).
+    pub const MISSING_TOKEN: &str = "missing-token";
+    /// A fenced request without `Fencing-Token-Proof` at a proxy that checks proofs (401).
+    pub const MISSING_PROOF: &str = "missing-proof";
+    /// A `Fencing-Token-Proof` that is malformed or does not sign this scope and token
+    /// (401).
+    pub const INVALID_PROOF: &str = "invalid-proof";
+    /// A `Fencing-Token` that is not one decimal u64 (400).
+    pub const BAD_TOKEN: &str = "bad-token";
+    /// A scope name outside the contract (400).
+    pub const BAD_SCOPE: &str = "bad-scope";
+    /// A path whose meaning depends on how it is decoded (400).
+    pub const BAD_PATH: &str = "bad-path";
+    /// CONNECT, or an upgrade on a route that does not allow it (405).
+    pub const TUNNEL_REFUSED: &str = "tunnel-refused";
+    /// A new scope when the proxy already holds its limit of scopes.
+    pub const SCOPES_FULL: &str = "scopes-full";
+    /// A token below the scope's fence (409).
+    pub const STALE_TOKEN: &str = "stale-token";
+    /// Fleet mode: a token above the term the cluster granted a lease for.
+    pub const TOKEN_NOT_ISSUED: &str = "token-not-issued";
+    /// Fleet mode: a fenced request of a scope other than the cluster's.
+    pub const FOREIGN_SCOPE: &str = "foreign-scope";
+    /// Lower-token writes (or, for a reset, the scope's writes) were still in flight at
+    /// the barrier's deadline (503).
+    pub const BARRIER_TIMEOUT: &str = "barrier-timeout";
+    /// A body over its limit (413).
+    pub const BODY_TOO_LARGE: &str = "body-too-large";
+    /// A request head over its limit (431).
+    pub const HEAD_TOO_LARGE: &str = "head-too-large";
+    /// The client did not send its body in time (408).
+    pub const BODY_TIMEOUT: &str = "body-timeout";
+    /// The client's body could not be read.
+    pub const BODY_READ: &str = "body-read";
+    /// A request the resource cannot use (400).
+    pub const BAD_REQUEST: &str = "bad-request";
+    /// Nothing at this path or key (404).
+    pub const NOT_FOUND: &str = "not-found";
+    /// The resource does not take this method (405).
+    pub const METHOD_NOT_ALLOWED: &str = "method-not-allowed";
+    /// No response head from the upstream in time (504).
+    pub const UPSTREAM_TIMEOUT: &str = "upstream-timeout";
+    /// The upstream could not be reached or broke the exchange (502).
+    pub const UPSTREAM_ERROR: &str = "upstream-error";
+    /// The proxy's own storage failed; nothing was forwarded (500).
+    pub const STORAGE_ERROR: &str = "storage-error";
+    /// The proxy is shutting down or otherwise cannot take work (503).
+    pub const UNAVAILABLE: &str = "unavailable";
+    /// A control-plane request body that is not the JSON the endpoint takes.
+    pub const BAD_BODY: &str = "bad-body";
+    /// A control-plane query string that is not the one the endpoint takes (400).
+    pub const BAD_QUERY: &str = "bad-query";
+    /// A control-plane listener at its connection limit with every connection busy (503).
+    pub const TOO_MANY_CONNECTIONS: &str = "too-many-connections";
+}
+
 /// An RFC 9457 problem, with the extension members Palisade's answers use.
 ///
 /// Fencing rejections carry `scope`, `presented` and `current`; node API errors carry
 /// `node_id` and, when known, `leader_id` (where to retry).
+/// A member that does not apply is left out, never written as `null`, and reads back
+/// as `None` when absent (serde's rule for `Option` members).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Problem {
     /// `https://palisade.invalid/problems/<kind>`.
@@ -23,19 +85,19 @@ pub struct Problem {
     /// What happened in this case, with the numbers.
     pub detail: String,
     /// The fencing scope concerned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
     /// The token the request presented.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub presented: Option<u64>,
     /// The scope's current fence.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub current: Option<u64>,
     /// The node that answered.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u64>,
     /// The leader that node knows, where a request should go instead.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub leader_id: Option<u64>,
 }
 

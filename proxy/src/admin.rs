@@ -44,16 +44,18 @@ use palisade_protocol::admin::{
 };
 use palisade_protocol::headers::PROMETHEUS_TEXT;
 use palisade_protocol::lease::{LEASE_PATH, LEASES_OFF, LeaseView};
+use palisade_protocol::problem::kind;
 use palisade_protocol::process::events;
-use palisade_protocol::server::{ApiJson, ControlLimits, finish};
 use palisade_protocol::status::{STATUS_PAGE_PATH, STATUS_PATH};
 use palisade_protocol::{
     AdvanceRequest, AdvanceResponse, FenceList, FenceView, Health, Problem, Scope,
 };
+use palisade_server::{ApiJson, ApiProblem, ControlLimits, finish};
 
 use crate::auth::{ADVANCE_ROUTE, AdminAuth, AuthError, require_admin};
 use crate::error::ProxyError;
 use crate::fencing::Fencer;
+use crate::fleet::Lease;
 use crate::metrics as m;
 use crate::proof::ProofVerifier;
 
@@ -85,6 +87,8 @@ pub(crate) fn limits(config: &crate::config::Limits, drain_timeout: Duration) ->
 pub(crate) struct AdminState {
     /// The same fencer the data path admits through.
     pub(crate) fencer: Arc<Fencer>,
+    /// Fleet mode: the lease, for `GET /v1/lease` and the status page.
+    pub(crate) lease: Option<Arc<Lease>>,
     /// The proof verifier, when `token_pub` is set (shared with the data path).
     pub(crate) proofs: Option<Arc<ProofVerifier>>,
     /// The admin credential.
@@ -141,7 +145,7 @@ async fn list(State(state): AdminRef) -> ApiJson<FenceList> {
 async fn read(
     State(state): AdminRef,
     path: Result<Path<String>, PathRejection>,
-) -> Result<ApiJson<FenceView>, Problem> {
+) -> Result<ApiJson<FenceView>, ApiProblem> {
     let scope = scope_of(path).map_err(|err| err.to_problem())?;
     let token = state.fencer.fence_register().current(&scope);
     Ok(ApiJson(FenceView { scope, token }))
@@ -154,9 +158,9 @@ async fn advance(
     peer: Result<ConnectInfo<SocketAddr>, ExtensionRejection>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
-    body: Result<ApiJson<AdvanceRequest>, Problem>,
+    body: Result<ApiJson<AdvanceRequest>, ApiProblem>,
 ) -> Result<ApiJson<AdvanceResponse>, Response> {
-    let scope = scope_of(path).map_err(|err| err.to_problem().into_response())?;
+    let scope = scope_of(path).map_err(|err| ApiProblem(err.to_problem()).into_response())?;
     let ApiJson(AdvanceRequest { token, proof }) = body.map_err(IntoResponse::into_response)?;
     state
         .authorize_advance(&scope, token, proof.as_deref(), &headers)
@@ -175,7 +179,7 @@ async fn advance(
             peer,
             Some(err.to_string()),
         );
-        err.to_problem().into_response()
+        ApiProblem(err.to_problem()).into_response()
     })?;
     let advanced = admitted.raised;
     drop(admitted);
@@ -239,7 +243,7 @@ enum Refusal {
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
-            Self::Proof(err) => err.to_problem().into_response(),
+            Self::Proof(err) => ApiProblem(err.to_problem()).into_response(),
             Self::Auth(err) => err.into_response(),
         }
     }
@@ -250,19 +254,24 @@ impl IntoResponse for Refusal {
 async fn reset(
     State(state): AdminRef,
     path: Result<Path<String>, PathRejection>,
-    body: Result<ApiJson<ResetRequest>, Problem>,
+    body: Result<ApiJson<ResetRequest>, ApiProblem>,
 ) -> Result<ApiJson<ResetResponse>, Response> {
     if state.auth.token.is_none() {
         return Err(AuthError::ResetDisabled.into_response());
     }
-    let scope = scope_of(path).map_err(|err| err.to_problem().into_response())?;
+    let scope = scope_of(path).map_err(|err| ApiProblem(err.to_problem()).into_response())?;
     let ApiJson(ResetRequest { token, reason }) = body.map_err(IntoResponse::into_response)?;
     check_reason(&reason).map_err(|detail| {
-        Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "bad-body", detail).into_response()
+        ApiProblem(Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            kind::BAD_BODY,
+            detail,
+        ))
+        .into_response()
     })?;
     let previous = state.fencer.reset(scope.as_str(), token).await.map_err(|err| {
         tracing::warn!(scope = %scope, token, reason = reason.as_str(), cause = %err, "fence reset failed");
-        err.to_problem().into_response()
+        ApiProblem(err.to_problem()).into_response()
     })?;
     if let Some(proofs) = &state.proofs {
         proofs.forget(scope.as_str());
@@ -308,14 +317,15 @@ fn scope_of(path: Result<Path<String>, PathRejection>) -> Result<Scope, ProxyErr
 }
 
 /// `GET /v1/lease`.
-async fn lease(State(state): AdminRef) -> Result<ApiJson<LeaseView>, Problem> {
-    match state.fencer.lease() {
+async fn lease(State(state): AdminRef) -> Result<ApiJson<LeaseView>, ApiProblem> {
+    match &state.lease {
         Some(lease) => Ok(ApiJson(lease.view())),
         None => Err(Problem::new(
             StatusCode::NOT_FOUND,
             LEASES_OFF,
             "this proxy is not in fleet mode (no cluster configured), so it holds no lease",
-        )),
+        )
+        .into()),
     }
 }
 
@@ -332,12 +342,17 @@ async fn metrics() -> impl IntoResponse {
 
 /// `GET /v1/status`.
 async fn status(State(state): AdminRef) -> ApiJson<palisade_protocol::ProxyStatus> {
-    ApiJson(crate::status_page::snapshot(&state.fencer, &state.upstream))
+    ApiJson(crate::status_page::snapshot(
+        &state.fencer,
+        state.lease.as_deref(),
+        &state.upstream,
+    ))
 }
 
 /// `GET /`: the status page.
 async fn status_page(State(state): AdminRef) -> Html<String> {
-    let snapshot = crate::status_page::snapshot(&state.fencer, &state.upstream);
+    let snapshot =
+        crate::status_page::snapshot(&state.fencer, state.lease.as_deref(), &state.upstream);
     Html(crate::status_page::render(&snapshot, &state.admin_addr))
 }
 
@@ -377,6 +392,7 @@ mod tests {
             .unwrap();
         let state = AdminState {
             fencer: Arc::clone(fencer),
+            lease: None,
             proofs: None,
             auth: Arc::new(AdminAuth {
                 token: None,
@@ -563,6 +579,7 @@ mod tests {
                 }
                 let state = AdminState {
                     fencer: Arc::clone(&f),
+                    lease: None,
                     proofs: None,
                     auth: Arc::new(AdminAuth {
                         token: Some(crate::auth::AdminToken::new(secret.as_bytes())),

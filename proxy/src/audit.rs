@@ -5,7 +5,7 @@
 //! Every hook here is called on the data path or the admin path and returns at once: the
 //! counters are atomics, the ring and the raise times sit behind short mutexes never held
 //! across an await, and an audit record goes on the writer's bounded queue or is counted
-//! as dropped ([`palisade_protocol::server::audit`]).
+//! as dropped ([`palisade_server::audit`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::{HeaderValue, Method};
 use palisade_protocol::AuditRecord;
 use palisade_protocol::audit::{event, rfc3339};
-use palisade_protocol::server::audit::AuditLog;
 use palisade_protocol::status::UpstreamStatus;
+use palisade_server::audit::AuditLog;
 
 use crate::error::ProxyError;
 

@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use palisade_protocol::Problem;
 use palisade_protocol::admin::{HEALTHZ_PATH, METRICS_PATH};
+use palisade_server::ApiProblem;
 use ring::digest::{SHA256, digest};
 
 use crate::config::{ADMIN_TOKEN_BYTES_MIN, ConfigError};
@@ -72,7 +73,8 @@ impl IntoResponse for AuthError {
             Self::ResetDisabled => StatusCode::FORBIDDEN,
             _ => StatusCode::UNAUTHORIZED,
         };
-        let mut response = Problem::new(status, self.kind(), self.to_string()).into_response();
+        let mut response =
+            ApiProblem(Problem::new(status, self.kind(), self.to_string())).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

@@ -7,6 +7,8 @@
 
 use http::{HeaderValue, Response, StatusCode, header};
 use palisade_protocol::headers::{FENCING_TOKEN_CURRENT, PROBLEM_JSON};
+use palisade_protocol::lease::LEASE_EXPIRED;
+use palisade_protocol::problem::kind;
 use palisade_protocol::{Problem, TokenError};
 
 use crate::body::{ProxyBody, full};
@@ -287,30 +289,30 @@ impl ProxyError {
     /// A short stable name, used as the metrics `reason` label and the problem `type`.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::MissingToken => "missing-token",
-            Self::MissingProof { .. } => "missing-proof",
-            Self::InvalidProof { .. } => "invalid-proof",
-            Self::BadToken { .. } => "bad-token",
-            Self::BadScope { .. } => "bad-scope",
-            Self::BadPath { .. } => "bad-path",
-            Self::NotTunnelled { .. } => "tunnel-refused",
-            Self::ScopesFull { .. } => "scopes-full",
-            Self::Stale { .. } => "stale-token",
-            Self::NotIssued { .. } => "token-not-issued",
-            Self::ForeignScope { .. } => "foreign-scope",
-            Self::LeaseExpired { .. } => palisade_protocol::lease::LEASE_EXPIRED,
-            Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } => "barrier-timeout",
-            Self::BodyTooLarge { .. } => "body-too-large",
-            Self::HeadTooLarge { .. } => "head-too-large",
-            Self::BodyTimeout { .. } => "body-timeout",
-            Self::BodyRead(_) => "body-read",
-            Self::BadRequest(_) => "bad-request",
-            Self::NotFound { .. } => "not-found",
-            Self::MethodNotAllowed { .. } => "method-not-allowed",
-            Self::UpstreamTimeout { .. } => "upstream-timeout",
-            Self::Upstream(_) => "upstream-error",
-            Self::Storage(_) => "storage-error",
-            Self::Unavailable(_) => "unavailable",
+            Self::MissingToken => kind::MISSING_TOKEN,
+            Self::MissingProof { .. } => kind::MISSING_PROOF,
+            Self::InvalidProof { .. } => kind::INVALID_PROOF,
+            Self::BadToken { .. } => kind::BAD_TOKEN,
+            Self::BadScope { .. } => kind::BAD_SCOPE,
+            Self::BadPath { .. } => kind::BAD_PATH,
+            Self::NotTunnelled { .. } => kind::TUNNEL_REFUSED,
+            Self::ScopesFull { .. } => kind::SCOPES_FULL,
+            Self::Stale { .. } => kind::STALE_TOKEN,
+            Self::NotIssued { .. } => kind::TOKEN_NOT_ISSUED,
+            Self::ForeignScope { .. } => kind::FOREIGN_SCOPE,
+            Self::LeaseExpired { .. } => LEASE_EXPIRED,
+            Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } => kind::BARRIER_TIMEOUT,
+            Self::BodyTooLarge { .. } => kind::BODY_TOO_LARGE,
+            Self::HeadTooLarge { .. } => kind::HEAD_TOO_LARGE,
+            Self::BodyTimeout { .. } => kind::BODY_TIMEOUT,
+            Self::BodyRead(_) => kind::BODY_READ,
+            Self::BadRequest(_) => kind::BAD_REQUEST,
+            Self::NotFound { .. } => kind::NOT_FOUND,
+            Self::MethodNotAllowed { .. } => kind::METHOD_NOT_ALLOWED,
+            Self::UpstreamTimeout { .. } => kind::UPSTREAM_TIMEOUT,
+            Self::Upstream(_) => kind::UPSTREAM_ERROR,
+            Self::Storage(_) => kind::STORAGE_ERROR,
+            Self::Unavailable(_) => kind::UNAVAILABLE,
         }
     }
 
@@ -502,7 +504,7 @@ mod tests {
         let invalid = ProxyError::InvalidProof {
             scope: "jobs".into(),
             presented: 7,
-            fault: ProofFault::NotBase64,
+            fault: ProofFault::Malformed(palisade_protocol::proof::ProofDecodeError::NotBase64),
         };
         for (err, kind) in [(missing, "missing-proof"), (invalid, "invalid-proof")] {
             assert_eq!(err.cause(), Cause::Client);
@@ -517,7 +519,7 @@ mod tests {
         let invalid = ProxyError::InvalidProof {
             scope: "jobs".into(),
             presented: 7,
-            fault: ProofFault::NotBase64,
+            fault: ProofFault::Malformed(palisade_protocol::proof::ProofDecodeError::NotBase64),
         };
         assert_eq!(
             invalid.to_string(),

@@ -35,7 +35,6 @@ use tokio::time::Instant;
 
 use crate::audit::Activity;
 use crate::error::ProxyError;
-use crate::fleet::Lease;
 use crate::metrics as m;
 
 /// Admits fenced requests. Cheap to share behind an `Arc`.
@@ -52,8 +51,6 @@ pub(crate) struct Fencer {
     /// let a client pick names that all collide.
     inflight: DashMap<Box<str>, Arc<ScopeInflight>, foldhash::fast::RandomState>,
     barrier_timeout: Duration,
-    /// Fleet mode: the lease on the cluster's term, which fenced requests also need.
-    lease: Option<Arc<Lease>>,
     /// What the status page and the audit log are told (raises, barrier waits).
     activity: Arc<Activity>,
 }
@@ -117,6 +114,11 @@ impl InflightGuard {
     pub(crate) fn scope(&self) -> &str {
         &self.set.scope
     }
+
+    /// The token the request holds in flight.
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
 }
 
 impl Drop for InflightGuard {
@@ -156,22 +158,6 @@ pub(crate) struct Admitted {
     pub guard: InflightGuard,
     /// Whether this request raised the fence.
     pub raised: bool,
-    /// Fleet mode: when the write must have completed (its lease's expiry plus
-    /// `lease_write_bound_ms`). Checked when this drops, which is when the upstream has
-    /// answered and the body is done.
-    pub lease_deadline: Option<tokio::time::Instant>,
-    /// Fleet mode: when the lease it was admitted under ends. The whole request must
-    /// have reached the upstream by then (a body still arriving is cut off), so that
-    /// only the storage's own time to apply it is left to the write bound.
-    pub lease_expiry: Option<tokio::time::Instant>,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        if let Some(deadline) = self.lease_deadline {
-            crate::fleet::check_overrun(deadline, self.guard.scope(), self.guard.token);
-        }
-    }
 }
 
 impl Fencer {
@@ -181,7 +167,6 @@ impl Fencer {
             default: ScopeInflight::new(DEFAULT_SCOPE),
             inflight: DashMap::default(),
             barrier_timeout,
-            lease: None,
             activity: Arc::default(),
         }
     }
@@ -220,35 +205,10 @@ impl Fencer {
             .collect()
     }
 
-    /// Fleet mode: fenced requests also need `lease` (see [`crate::fleet`]).
-    pub(crate) fn with_lease(mut self, lease: Arc<Lease>) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
     /// Scopes with something in flight or a reset under way.
     #[cfg(test)]
     pub(crate) fn busy_scopes(&self) -> usize {
         self.inflight.len() + usize::from(!self.default.lock().is_idle())
-    }
-
-    /// The fleet lease, in fleet mode.
-    pub(crate) fn lease(&self) -> Option<&Arc<Lease>> {
-        self.lease.as_ref()
-    }
-
-    /// Admits a fenced request from the data path: in fleet mode under the lease (see
-    /// [`crate::fleet`]), otherwise by [`admit`](Self::admit) alone. An admin advance
-    /// calls `admit` directly: a higher fence only refuses more, so it needs no lease.
-    pub(crate) async fn admit_request(
-        self: &Arc<Self>,
-        scope: &str,
-        token: u64,
-    ) -> Result<Admitted, ProxyError> {
-        match &self.lease {
-            Some(lease) => crate::fleet::admit(self, lease, scope, token).await,
-            None => self.admit(scope, token).await,
-        }
     }
 
     /// The durable table of fences (for the admin API).
@@ -285,12 +245,7 @@ impl Fencer {
 
         // Phase 3: the barrier. Wait until no lower token of this scope is in flight.
         self.wait_for_lower(&guard, started, deadline).await?;
-        Ok(Admitted {
-            guard,
-            raised,
-            lease_deadline: None,
-            lease_expiry: None,
-        })
+        Ok(Admitted { guard, raised })
     }
 
     /// Sets the fence of `scope` to `token`, lower included, once none of the scope's

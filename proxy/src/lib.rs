@@ -19,13 +19,16 @@
 //! ```
 //!
 //! # Layout
-//! - `config`: [`ProxyConfig`] and its limits, from TOML and flags, validated.
+//! - `config`: [`ProxyConfig`] and its limits, from TOML and flags, validated
+//!   (`config::file`: the file's types; `config::limits`; `config::validate`).
 //! - `service`: one request through its phases.
 //! - `proof`: the public keys, and the check of a token's proof (verified once per
 //!   scope, token and proof; then a comparison).
-//! - `fencing`: admission: the fence check and the per-scope in-flight barrier; resets.
-//! - `fleet`: fleet mode (`cluster`): the lease on the cluster's current term, its
-//!   renewal task, and admission under it.
+//! - `fencing`: standalone admission: the fence check and the per-scope in-flight
+//!   barrier; resets. It knows nothing of leases.
+//! - `fleet`: fleet mode (`cluster`), on top of `fencing`: the lease on the cluster's
+//!   current term (`fleet::lease`), admission under it and the admission the data path
+//!   holds in either mode (`fleet::admission`), the renewal task (`fleet::renewer`).
 //! - `stream`: request bodies streamed after admission: size and idle limits, the
 //!   shared body buffer budget, read-ahead of small bodies, and what a body shares with
 //!   its forward.
@@ -229,7 +232,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     let admin_tls = config
         .admin_tls
         .as_ref()
-        .map(|t| palisade_protocol::tls::acceptor(&t.cert, &t.key, t.client_ca.as_deref()))
+        .map(|t| palisade_server::tls::acceptor(&t.cert, &t.key, t.client_ca.as_deref()))
         .transpose()?;
     // Install the recorder, then bind the hot-path handles to it, before any request.
     metrics::prometheus();
@@ -267,35 +270,33 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         .audit_log
         .as_ref()
         .map(|path| {
-            palisade_protocol::server::audit::AuditLog::open(
-                &palisade_protocol::server::audit::AuditConfig {
-                    path: path.clone(),
-                    bytes_max: config.audit_log_bytes_max,
-                    keep: config.audit_log_keep,
-                },
-            )
+            palisade_server::audit::AuditLog::open(&palisade_server::audit::AuditConfig {
+                path: path.clone(),
+                bytes_max: config.audit_log_bytes_max,
+                keep: config.audit_log_keep,
+            })
             .map_err(|source| StartError::Audit {
                 path: path.clone(),
                 source,
             })
         })
         .transpose()?;
-    let mut fencer = Fencer::new(register, Duration::from_millis(limits.barrier_timeout_ms))
-        .with_activity(Arc::new(audit::Activity::new(audit)));
-    let fleet = match fleet_nodes(&config)? {
-        Some(nodes) => {
-            let lease = Arc::new(fleet::Lease::new(
-                Duration::from_millis(limits.lease_renew_timeout_ms),
-                Duration::from_millis(config.lease_write_bound_ms),
-            ));
-            fencer = fencer.with_lease(Arc::clone(&lease));
-            Some((lease, nodes))
-        }
-        None => None,
-    };
-    let fencer = Arc::new(fencer);
+    let fencer = Arc::new(
+        Fencer::new(register, Duration::from_millis(limits.barrier_timeout_ms))
+            .with_activity(Arc::new(audit::Activity::new(audit))),
+    );
+    // Fleet mode: the lease is built on top of the fencer, which knows nothing of it.
+    let fleet = fleet_nodes(&config)?.map(|nodes| {
+        let lease = Arc::new(fleet::Lease::new(
+            Duration::from_millis(limits.lease_renew_timeout_ms),
+            Duration::from_millis(config.lease_write_bound_ms),
+        ));
+        (lease, nodes)
+    });
+    let lease = fleet.as_ref().map(|(lease, _)| Arc::clone(lease));
     let admin_state = AdminState {
         fencer: Arc::clone(&fencer),
+        lease: lease.clone(),
         proofs: proofs.clone(),
         auth,
         upstream: config
@@ -304,7 +305,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
             .unwrap_or_else(|| "embedded object store".to_owned()),
         admin_addr: admin.to_string(),
     };
-    let shared = Arc::new(Shared::new(&config, fencer, proofs, backend));
+    let shared = Arc::new(Shared::new(&config, fencer, lease, proofs, backend));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let client_settings = ListenerSettings {
         name: "client",
@@ -355,7 +356,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         tasks.spawn(renewer.run(shutdown_rx.clone()));
     }
     let mut admin_shutdown = shutdown_rx;
-    tasks.spawn(palisade_protocol::server::serve_tls(
+    tasks.spawn(palisade_server::serve_tls(
         admin_listener,
         admin::app(admin_state),
         admin_limits,

@@ -109,10 +109,7 @@ pub(crate) fn hot_path_handles() -> &'static HotPathHandles {
 
 /// Counts one connection closed by a listener's own timeout or eviction
 /// ([`CONNECTION_CLOSES`]); the close hook of both listeners.
-pub(crate) fn connection_closed(
-    listener: &'static str,
-    reason: palisade_protocol::server::CloseReason,
-) {
+pub(crate) fn connection_closed(listener: &'static str, reason: palisade_server::CloseReason) {
     metrics::counter!(CONNECTION_CLOSES, "listener" => listener, "reason" => reason.as_str())
         .increment(1);
 }

@@ -17,12 +17,10 @@
 
 use std::path::{Path, PathBuf};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use dashmap::DashMap;
 use http::HeaderMap;
 use palisade_protocol::headers::FENCING_TOKEN_PROOF;
-use palisade_protocol::proof::{PROOF_CHARS_MAX, proof_message};
+use palisade_protocol::proof::{ProofDecodeError, decode_proof, proof_message};
 use ring::signature::{ED25519, UnparsedPublicKey};
 use rustls_pki_types::pem::{PemObject, SectionKind};
 
@@ -46,13 +44,8 @@ const ED25519_SPKI_PREFIX: [u8; 12] = [
 ];
 /// An Ed25519 public key, in bytes.
 const ED25519_KEY_BYTES: usize = 32;
-/// An Ed25519 signature, in bytes.
-const SIGNATURE_BYTES: usize = 64;
 /// A signature as unpadded base64url: `ceil(64 * 4 / 3)` characters.
 const PROOF_TEXT_CHARS: usize = 86;
-/// Room to decode the longest accepted header value, so that an over-long signature is
-/// reported as one rather than as a buffer error.
-const DECODE_BUFFER_BYTES: usize = PROOF_CHARS_MAX * 3 / 4 + 3;
 
 /// Why a proof was refused. The detail of a 401 `invalid-proof`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -61,21 +54,10 @@ pub enum ProofFault {
     /// The header was sent more than once.
     #[error("Fencing-Token-Proof is repeated")]
     Repeated,
-    /// The header is longer than any proof.
-    #[error("Fencing-Token-Proof is {chars} characters; a proof is at most {PROOF_CHARS_MAX}")]
-    TooLong {
-        /// Its length.
-        chars: usize,
-    },
-    /// The header is not unpadded base64url.
-    #[error("Fencing-Token-Proof is not unpadded base64url")]
-    NotBase64,
-    /// It decodes, but not to a signature.
-    #[error("Fencing-Token-Proof decodes to {bytes} bytes; an Ed25519 signature is 64")]
-    WrongLength {
-        /// The decoded length.
-        bytes: usize,
-    },
+    /// The header is not a proof's text form (too long, not unpadded base64url, or not
+    /// a signature's length).
+    #[error(transparent)]
+    Malformed(#[from] ProofDecodeError),
     /// A signature, but not the cluster's for this scope and token.
     #[error(
         "Fencing-Token-Proof does not verify for this scope and token under any of the {keys} configured keys"
@@ -155,7 +137,7 @@ impl ProofVerifier {
         {
             return Ok(());
         }
-        let signature = decode(text)?;
+        let signature = decode_proof(text)?;
         let message = proof_message(scope, token);
         let verifies = self.keys.iter().any(|key| {
             UnparsedPublicKey::new(&ED25519, key)
@@ -197,21 +179,6 @@ impl ProofVerifier {
         self.verified
             .insert(scope.to_owned(), Verified { token, text });
     }
-}
-
-/// The signature a proof's text encodes.
-fn decode(text: &[u8]) -> Result<[u8; SIGNATURE_BYTES], ProofFault> {
-    if text.len() > PROOF_CHARS_MAX {
-        return Err(ProofFault::TooLong { chars: text.len() });
-    }
-    let mut buffer = [0u8; DECODE_BUFFER_BYTES];
-    let bytes = URL_SAFE_NO_PAD
-        .decode_slice(text, &mut buffer)
-        .map_err(|_| ProofFault::NotBase64)?;
-    buffer
-        .get(..bytes)
-        .and_then(|decoded| <[u8; SIGNATURE_BYTES]>::try_from(decoded).ok())
-        .ok_or(ProofFault::WrongLength { bytes })
 }
 
 /// One `token_pub` file: a PEM `PUBLIC KEY` holding an Ed25519 `SubjectPublicKeyInfo`,
@@ -269,6 +236,8 @@ pub(crate) fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
+    use base64::Engine as _;
+    use palisade_protocol::proof::PROOF_CHARS_MAX;
     use ring::rand::SystemRandom;
     use ring::signature::{Ed25519KeyPair, KeyPair as _};
 
@@ -284,7 +253,7 @@ mod tests {
     }
 
     fn sign(pair: &Ed25519KeyPair, scope: &str, token: u64) -> String {
-        URL_SAFE_NO_PAD.encode(pair.sign(&proof_message(scope, token)))
+        palisade_protocol::proof::encode_proof(pair.sign(&proof_message(scope, token)).as_ref())
     }
 
     /// Goal: a proof passes for exactly its scope and token and only under a configured
@@ -308,35 +277,43 @@ mod tests {
         );
         assert_eq!(
             verifier.check("jobs", 7, b"!!not base64!!"),
-            Err(ProofFault::NotBase64)
+            Err(ProofFault::Malformed(ProofDecodeError::NotBase64))
         );
         assert_eq!(
             verifier.check("jobs", 7, format!("{good}=").as_bytes()),
-            Err(ProofFault::NotBase64),
+            Err(ProofFault::Malformed(ProofDecodeError::NotBase64)),
             "padding is refused"
         );
         assert_eq!(
             verifier.check("jobs", 7, &good.as_bytes()[..80]),
-            Err(ProofFault::WrongLength { bytes: 60 })
+            Err(ProofFault::Malformed(ProofDecodeError::WrongLength {
+                bytes: 60
+            }))
         );
         assert_eq!(
             verifier.check("jobs", 7, b""),
-            Err(ProofFault::WrongLength { bytes: 0 })
+            Err(ProofFault::Malformed(ProofDecodeError::WrongLength {
+                bytes: 0
+            }))
         );
         assert_eq!(
             verifier.check("jobs", 7, "é".repeat(43).as_bytes()),
-            Err(ProofFault::NotBase64),
+            Err(ProofFault::Malformed(ProofDecodeError::NotBase64)),
             "non-ASCII bytes are not base64url"
         );
         let long = "A".repeat(PROOF_CHARS_MAX);
         assert_eq!(
             verifier.check("jobs", 7, long.as_bytes()),
-            Err(ProofFault::WrongLength { bytes: 96 })
+            Err(ProofFault::Malformed(ProofDecodeError::WrongLength {
+                bytes: 96
+            }))
         );
         let longer = "A".repeat(PROOF_CHARS_MAX + 1);
         assert_eq!(
             verifier.check("jobs", 7, longer.as_bytes()),
-            Err(ProofFault::TooLong { chars: 129 })
+            Err(ProofFault::Malformed(ProofDecodeError::TooLong {
+                chars: 129
+            }))
         );
         // The good proof still passes, from the cache, after all of that.
         verifier.check("jobs", 7, good.as_bytes()).unwrap();

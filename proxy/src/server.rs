@@ -21,9 +21,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use palisade_protocol::server::{
-    Admitted, CloseReason, ConnPolicy, Connections, Releasable, Served,
-};
+use palisade_server::{Admitted, CloseReason, ConnPolicy, Connections, Releasable, Served};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -325,22 +323,16 @@ impl Http {
                 let round = async move {
                     let keep_open = Arc::clone(&stream.keep_open);
                     let conn = self.h1.serve_connection(TokioIo::new(stream), service);
-                    if self.upgrades {
-                        let mut conn = H1 {
-                            conn: conn.with_upgrades(),
-                            keep_open,
-                        };
-                        let served = admitted
-                            .serve_or_release(Pin::new(&mut conn), self.release_after)
-                            .await;
-                        (served, conn.into_parts())
+                    let conn = if self.upgrades {
+                        H1Conn::Upgradeable(conn.with_upgrades())
                     } else {
-                        let mut conn = H1 { conn, keep_open };
-                        let served = admitted
-                            .serve_or_release(Pin::new(&mut conn), self.release_after)
-                            .await;
-                        (served, conn.into_parts())
-                    }
+                        H1Conn::Plain(conn)
+                    };
+                    let mut conn = H1 { conn, keep_open };
+                    let served = admitted
+                        .serve_or_release(Pin::new(&mut conn), self.release_after)
+                        .await;
+                    (served, conn.into_parts())
                 };
                 let (served, parts) = Box::pin(round).await;
                 // No parts: the connection was upgraded, and the stream is the upgrade's.
@@ -585,40 +577,27 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Rewind<T> {
     }
 }
 
-/// hyper's two HTTP/1.1 connection types (with and without upgrades), as a round uses
-/// them.
-trait Round: Future<Output = hyper::Result<()>> + Unpin {
+/// hyper's two HTTP/1.1 connection types: without upgrades, and with them (on a
+/// listener with routes that allow upgrades).
+enum H1Conn<I, S: hyper::service::HttpService<Incoming>> {
+    Plain(http1::Connection<I, S>),
+    Upgradeable(http1::UpgradeableConnection<I, S>),
+}
+
+/// An HTTP/1.1 connection as a round uses it.
+trait Round: Unpin {
     type Io;
     type Service;
 
-    fn shut_down_gracefully(self: Pin<&mut Self>);
+    fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<hyper::Result<()>>;
+
+    fn shut_down_gracefully(&mut self);
 
     /// The stream, the bytes read and not yet used, and the service; `None` once upgraded.
     fn into_parts(self) -> Option<http1::Parts<Self::Io, Self::Service>>;
 }
 
-impl<I, S, B> Round for http1::Connection<I, S>
-where
-    S: hyper::service::HttpService<Incoming, ResBody = B> + Unpin,
-    S::Error: Into<BoxError>,
-    I: hyper::rt::Read + hyper::rt::Write + Unpin,
-    B: hyper::body::Body + 'static,
-    B::Error: Into<BoxError>,
-    Self: Unpin,
-{
-    type Io = I;
-    type Service = S;
-
-    fn shut_down_gracefully(self: Pin<&mut Self>) {
-        self.graceful_shutdown();
-    }
-
-    fn into_parts(self) -> Option<http1::Parts<I, S>> {
-        Some(http1::Connection::into_parts(self))
-    }
-}
-
-impl<I, S, B> Round for http1::UpgradeableConnection<I, S>
+impl<I, S, B> Round for H1Conn<I, S>
 where
     S: hyper::service::HttpService<Incoming, ResBody = B> + Unpin,
     S::Error: Into<BoxError>,
@@ -630,12 +609,25 @@ where
     type Io = I;
     type Service = S;
 
-    fn shut_down_gracefully(self: Pin<&mut Self>) {
-        self.graceful_shutdown();
+    fn poll_round(&mut self, cx: &mut Context<'_>) -> Poll<hyper::Result<()>> {
+        match self {
+            Self::Plain(conn) => Pin::new(conn).poll(cx),
+            Self::Upgradeable(conn) => Pin::new(conn).poll(cx),
+        }
+    }
+
+    fn shut_down_gracefully(&mut self) {
+        match self {
+            Self::Plain(conn) => Pin::new(conn).graceful_shutdown(),
+            Self::Upgradeable(conn) => Pin::new(conn).graceful_shutdown(),
+        }
     }
 
     fn into_parts(self) -> Option<http1::Parts<I, S>> {
-        http1::UpgradeableConnection::into_parts(self)
+        match self {
+            Self::Plain(conn) => Some(conn.into_parts()),
+            Self::Upgradeable(conn) => conn.into_parts(),
+        }
     }
 }
 
@@ -657,7 +649,7 @@ impl<C: Round> Future for H1<C> {
     type Output = hyper::Result<()>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.conn).poll(cx)
+        self.conn.poll_round(cx)
     }
 }
 
@@ -666,12 +658,12 @@ impl<C: Round> Releasable for H1<C> {
 
     fn close_gracefully(mut self: Pin<&mut Self>) {
         self.keep_open.store(false, Ordering::Relaxed);
-        Pin::new(&mut self.conn).shut_down_gracefully();
+        self.conn.shut_down_gracefully();
     }
 
     fn release(mut self: Pin<&mut Self>) {
         self.keep_open.store(true, Ordering::Relaxed);
-        Pin::new(&mut self.conn).shut_down_gracefully();
+        self.conn.shut_down_gracefully();
     }
 }
 

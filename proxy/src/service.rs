@@ -23,7 +23,8 @@ use palisade_storage::ObjectStore;
 use crate::body::ProxyBody;
 use crate::config::ProxyConfig;
 use crate::error::{Cause, ProxyError};
-use crate::fencing::{Admitted, Fencer};
+use crate::fencing::Fencer;
+use crate::fleet::{Admission, Lease};
 use crate::metrics as m;
 use crate::proof::ProofVerifier;
 use crate::routing::{Class, Classifier};
@@ -42,6 +43,8 @@ pub(crate) enum Backend {
 /// What every request shares: configuration, the fencer, the backend.
 pub(crate) struct Shared {
     pub(crate) fencer: Arc<Fencer>,
+    /// Fleet mode: the lease fenced requests are admitted under too.
+    lease: Option<Arc<Lease>>,
     pub(crate) backend: Backend,
     /// Checks token proofs, when `token_pub` is set.
     proofs: Option<Arc<ProofVerifier>>,
@@ -60,11 +63,13 @@ impl Shared {
     pub(crate) fn new(
         config: &ProxyConfig,
         fencer: Arc<Fencer>,
+        lease: Option<Arc<Lease>>,
         proofs: Option<Arc<ProofVerifier>>,
         backend: Backend,
     ) -> Self {
         Self {
             fencer,
+            lease,
             backend,
             proofs,
             classifier: Classifier::new(config),
@@ -204,8 +209,9 @@ fn run_phases(
         // is done with.
         let admitted = match (ctx.fenced, ctx.token) {
             (true, Some(token)) => {
-                let admitted = shared.fencer.admit_request(&ctx.scope, token).await?;
-                ctx.raised = admitted.raised;
+                let lease = shared.lease.as_deref();
+                let admitted = Admission::admit(&shared.fencer, lease, &ctx.scope, token).await?;
+                ctx.raised = admitted.raised();
                 Some(admitted)
             }
             _ => None,
@@ -244,7 +250,7 @@ struct Outgoing {
     /// The size limit its body is held to, and the field that sets it.
     body_max: Option<(u64, &'static str)>,
     /// Its in-flight guard, for a fenced request.
-    admitted: Option<Admitted>,
+    admitted: Option<Admission>,
     token: Option<u64>,
     /// The client connection's upgrade, on a route that allows upgrades.
     upgrade: Option<hyper::upgrade::OnUpgrade>,
@@ -268,10 +274,11 @@ fn forward(
         // arguments stay there even once moved on, so a copy under another name would
         // be held twice for as long as the request is in flight.
         fail::fail_point!("proxy-before-forward");
-        // Fleet mode: when a write admitted under the lease must have landed, if at all,
-        // and when the whole request must have reached the upstream.
-        let hold_until = outgoing.admitted.as_ref().and_then(|a| a.lease_deadline);
-        let send_by = outgoing.admitted.as_ref().and_then(|a| a.lease_expiry);
+        // Fleet mode: until when the forward may run (the lease's end).
+        let forward_until = outgoing
+            .admitted
+            .as_ref()
+            .and_then(Admission::forward_until);
         // A body that is empty from the start (most reads) needs no shared state: the
         // guard stays with this future.
         let (mut exchange, mut admitted) = if outgoing.body.is_end_stream() {
@@ -287,8 +294,8 @@ fn forward(
             outgoing.body_max,
             exchange.clone(),
         ));
-        if let Some(send_by) = send_by {
-            body.cut_off_at(send_by);
+        if let Some(at) = forward_until {
+            body.set_forward_until(at);
         }
         if exchange.is_some() {
             body.read_ahead().await;
@@ -324,23 +331,12 @@ fn forward(
                     Ok((response, None)) => Ok(response),
                     Err(e) => {
                         // No answer (a timeout, a broken connection): the storage may
-                        // still apply the write. In fleet mode it stays in flight until
-                        // it can no longer land (its lease's end plus the write bound),
-                        // so neither a higher token here nor an acknowledgement of a
-                        // new term (an advance waits at the barrier) passes it
-                        // meanwhile. Its completion is unknown, so it is not judged an
-                        // overrun.
-                        if let Some(until) = hold_until {
-                            let held = admitted
-                                .take()
-                                .or_else(|| exchange.as_ref().and_then(|x| x.take_admitted()));
-                            if let Some(mut held) = held {
-                                held.lease_deadline = None;
-                                tokio::spawn(async move {
-                                    tokio::time::sleep_until(until).await;
-                                    drop(held);
-                                });
-                            }
+                        // still apply the write, so in fleet mode it stays in flight
+                        // until it can no longer land. The guard is in `admitted` or in
+                        // the exchange, never in both.
+                        Admission::keep_while_it_may_land(&mut admitted);
+                        if let Some(exchange) = &exchange {
+                            exchange.keep_while_it_may_land();
                         }
                         Err(e)
                     }

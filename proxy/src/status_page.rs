@@ -6,14 +6,15 @@
 use std::time::SystemTime;
 
 use palisade_protocol::audit::rfc3339;
-use palisade_protocol::server::html::{Page, cell, when};
 use palisade_protocol::status::{BarrierStatus, FenceStatus, ProxyStatus};
+use palisade_server::html::{Page, cell, when};
 
 use crate::audit::REJECTIONS_KEPT;
 use crate::fencing::Fencer;
+use crate::fleet::Lease;
 
-/// Takes the snapshot both forms show.
-pub(crate) fn snapshot(fencer: &Fencer, upstream: &str) -> ProxyStatus {
+/// Takes the snapshot both forms show; `lease` in fleet mode.
+pub(crate) fn snapshot(fencer: &Fencer, lease: Option<&Lease>, upstream: &str) -> ProxyStatus {
     let activity = fencer.activity();
     let in_flight = fencer.in_flight();
     let mut barrier = BarrierStatus {
@@ -51,10 +52,10 @@ pub(crate) fn snapshot(fencer: &Fencer, upstream: &str) -> ProxyStatus {
         rejections_total: activity.rejections_total(),
         barrier,
         upstream: activity.upstream(upstream.to_owned()),
-        lease: fencer.lease().map(|lease| lease.view()),
+        lease: lease.map(Lease::view),
         audit: activity
             .audit_log()
-            .map(palisade_protocol::server::audit::AuditLog::status),
+            .map(palisade_server::audit::AuditLog::status),
     }
 }
 
@@ -249,19 +250,11 @@ mod tests {
     use crate::audit::Activity;
     use crate::error::ProxyError;
 
-    fn fencer(dir: &tempfile::TempDir, fleet: bool) -> Fencer {
+    fn fencer(dir: &tempfile::TempDir) -> Fencer {
         let db = palisade_storage::open_database(&dir.path().join("a.redb")).unwrap();
         let register = palisade_storage::FenceRegister::open(db, 100).unwrap();
-        let fencer = Fencer::new(register, Duration::from_millis(200))
-            .with_activity(Arc::new(Activity::default()));
-        if fleet {
-            fencer.with_lease(Arc::new(crate::fleet::Lease::new(
-                Duration::from_millis(500),
-                Duration::from_millis(500),
-            )))
-        } else {
-            fencer
-        }
+        Fencer::new(register, Duration::from_millis(200))
+            .with_activity(Arc::new(Activity::default()))
     }
 
     /// Goal: in fleet mode the page shows the lease (none yet, before a grant), and a
@@ -271,10 +264,11 @@ mod tests {
     #[test]
     fn page_shows_the_lease_in_fleet_mode_and_a_failing_upstream() {
         let dir = tempfile::tempdir().unwrap();
-        let f = fencer(&dir, true);
+        let f = fencer(&dir);
+        let lease = Lease::new(Duration::from_millis(500), Duration::from_millis(500));
         f.activity()
             .upstream_failed(&ProxyError::UpstreamTimeout { timeout_ms: 30_000 });
-        let status = snapshot(&f, "http://db:9000");
+        let status = snapshot(&f, Some(&lease), "http://db:9000");
         assert!(
             status
                 .lease
@@ -291,7 +285,7 @@ mod tests {
         assert!(page.contains("http://db:9000"), "{page}");
 
         let dir = tempfile::tempdir().unwrap();
-        let page = render(&snapshot(&fencer(&dir, false), "embedded"), "a");
+        let page = render(&snapshot(&fencer(&dir), None, "embedded"), "a");
         assert!(
             page.contains("Standalone mode: this proxy holds no lease."),
             "{page}"

@@ -47,7 +47,7 @@ use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 use crate::error::ProxyError;
-use crate::fencing::Admitted;
+use crate::fleet::Admission;
 use crate::metrics as m;
 
 /// The limits every streamed body obeys, built once from the configuration.
@@ -146,13 +146,14 @@ pub(crate) struct Exchange {
     /// Whether the body is waiting for its client (then a quiet upstream is not late).
     waiting_for_client: AtomicBool,
     /// The in-flight guard: held until the last holder of the exchange (the forwarding
-    /// task waiting for the answer, or the body still being sent) lets go, unless the
-    /// forward takes it out to hold it longer ([`Exchange::take_admitted`]).
-    admitted: Mutex<Option<Admitted>>,
+    /// task waiting for the answer, or the body still being sent) lets go, unless a
+    /// forward without an answer takes it out to hold it longer
+    /// ([`Exchange::keep_while_it_may_land`]).
+    admitted: Mutex<Option<Admission>>,
 }
 
 impl Exchange {
-    pub(crate) fn new(admitted: Option<Admitted>) -> Arc<Self> {
+    pub(crate) fn new(admitted: Option<Admission>) -> Arc<Self> {
         Arc::new(Self {
             started: Instant::now(),
             progress_ms: AtomicU64::new(0),
@@ -161,13 +162,15 @@ impl Exchange {
         })
     }
 
-    /// Takes the in-flight guard out of the exchange, for a forward whose outcome is
-    /// unknown and must stay in flight for longer than the exchange lives.
-    pub(crate) fn take_admitted(&self) -> Option<Admitted> {
-        self.admitted
+    /// The forward ended without an answer: the in-flight guard is kept as
+    /// [`Admission::keep_while_it_may_land`] says, which may be longer than the exchange
+    /// lives.
+    pub(crate) fn keep_while_it_may_land(&self) {
+        let mut admitted = self
+            .admitted
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Admission::keep_while_it_may_land(&mut admitted);
     }
 
     /// The body made progress at `at`.
@@ -257,9 +260,9 @@ pub(crate) struct RequestBody<B = Incoming> {
     exchange: Option<Arc<Exchange>>,
     /// Set once the body failed or ended, so it is never polled past that.
     done: bool,
-    /// Fleet mode: the end of the lease the write was admitted under. A body not
-    /// complete by then is cut off, so the upstream never gets it whole.
-    cut_off: Option<Pin<Box<Sleep>>>,
+    /// Fleet mode: [`Admission::forward_until`]. A body not complete by then is cut off,
+    /// so the upstream never gets it whole.
+    forward_until: Option<Pin<Box<Sleep>>>,
     /// Frames read ahead by [`RequestBody::read_ahead`], handed over first, one per
     /// poll. Their permits stay held until the upstream asks for the frame after them.
     ahead: VecDeque<Frame<Bytes>>,
@@ -297,13 +300,14 @@ impl<B> RequestBody<B> {
             done: false,
             ahead: VecDeque::new(),
             ahead_fault: None,
-            cut_off: None,
+            forward_until: None,
         }
     }
 
-    /// Cuts the body off at `at` if it is not complete by then.
-    pub(crate) fn cut_off_at(&mut self, at: tokio::time::Instant) {
-        self.cut_off = Some(Box::pin(tokio::time::sleep_until(at)));
+    /// Cuts the body off at `at` ([`Admission::forward_until`]) if it is not complete by
+    /// then.
+    pub(crate) fn set_forward_until(&mut self, at: tokio::time::Instant) {
+        self.forward_until = Some(Box::pin(tokio::time::sleep_until(at)));
     }
 
     fn idle_ms(&self) -> u64 {
@@ -431,8 +435,8 @@ where
         loop {
             // The lease's end is watched while reading ahead too, so a body still
             // arriving then is cut off at once, not when it is first handed over.
-            if let Some(cut_off) = &mut self.cut_off
-                && cut_off.as_mut().poll(cx).is_ready()
+            if let Some(until) = &mut self.forward_until
+                && until.as_mut().poll(cx).is_ready()
             {
                 if let Poll::Ready(Some(Err(fault))) = self.fail(BodyFault::LeaseEnded) {
                     self.ahead_fault = Some(fault);
@@ -542,9 +546,9 @@ where
         let this = self.get_mut();
         // Checked before frames read ahead are handed over too: a body read whole
         // before the lease ended still may not go upstream after it.
-        if let Some(cut_off) = &mut this.cut_off
+        if let Some(until) = &mut this.forward_until
             && (!this.done || !this.ahead.is_empty())
-            && cut_off.as_mut().poll(cx).is_ready()
+            && until.as_mut().poll(cx).is_ready()
         {
             return this.fail(BodyFault::LeaseEnded);
         }
@@ -752,7 +756,7 @@ mod tests {
     async fn a_body_is_cut_off_when_its_lease_ends() {
         let limits = BodyLimits::new(None, Duration::from_secs(60), 1024);
         let (tx, mut body) = fed(&limits);
-        body.cut_off_at(tokio::time::Instant::now() + Duration::from_millis(100));
+        body.set_forward_until(tokio::time::Instant::now() + Duration::from_millis(100));
         tx.send(data(1)).unwrap();
         assert!(next(&mut body).await.unwrap().is_ok());
         let mut passed = 1;
@@ -860,7 +864,7 @@ mod tests {
     async fn a_body_read_ahead_is_cut_off_when_its_lease_ends_before_it_is_sent() {
         let limits = BodyLimits::new(None, Duration::from_secs(60), 1024);
         let (tx, mut body) = fed_declaring(&limits, Some(10));
-        body.cut_off_at(tokio::time::Instant::now() + Duration::from_millis(100));
+        body.set_forward_until(tokio::time::Instant::now() + Duration::from_millis(100));
         tx.send(data(10)).unwrap();
         drop(tx);
         body.read_ahead().await;
@@ -881,7 +885,7 @@ mod tests {
     async fn a_body_being_read_ahead_is_cut_off_when_its_lease_ends() {
         let limits = BodyLimits::new(None, Duration::from_secs(60), 1024);
         let (tx, mut body) = fed_declaring(&limits, Some(30));
-        body.cut_off_at(tokio::time::Instant::now() + Duration::from_millis(100));
+        body.set_forward_until(tokio::time::Instant::now() + Duration::from_millis(100));
         tx.send(data(10)).unwrap();
         let started = tokio::time::Instant::now();
         tokio::time::timeout(Duration::from_secs(10), body.read_ahead())

@@ -3,13 +3,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use palisade_protocol::tls::{load_certs, load_key, load_roots};
+use palisade_server::tls::{load_certs, load_key, load_roots};
 
 use crate::config::TlsConfig;
 
 /// Why TLS could not be set up: the same error as every other Palisade listener's, naming
 /// the file.
-pub use palisade_protocol::tls::TlsFileError as TlsError;
+pub use palisade_server::tls::TlsFileError as TlsError;
 
 /// The listener's server configuration, offering h2 and http/1.1 by ALPN.
 pub fn server_config(tls: &TlsConfig) -> Result<Arc<rustls::ServerConfig>, TlsError> {

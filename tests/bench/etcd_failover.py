@@ -17,7 +17,6 @@ import base64
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,16 +25,9 @@ import time
 import urllib.error
 import urllib.request
 
-QUERY_TIMEOUT_S = 0.5
+from failover_lib import QUERY_TIMEOUT_S, START_TIMEOUT_S, TRIAL_TIMEOUT_S, free_port, show_ms
+
 PUT_TIMEOUT_S = 0.05
-TRIAL_TIMEOUT_S = 30.0
-START_TIMEOUT_S = 30.0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(port, path, body, timeout):
@@ -195,9 +187,8 @@ def main():
             time.sleep(a.settle_ms / 1000)
             r = trial(cluster, leader, term, a.poll_ms / 1000)
             trials.append(r)
-            fmt = lambda x: "-" if x is None else f"{x:.0f}"
             print(f"trial {n:>3}: paused {r['paused']} (term {term}): elected "
-                  f"{fmt(r['elected_ms'])} ms, first write {fmt(r['first_write_ms'])} ms",
+                  f"{show_ms(r['elected_ms'])} ms, first write {show_ms(r['first_write_ms'])} ms",
                   file=sys.stderr)
     finally:
         cluster.stop()

@@ -21,41 +21,16 @@
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
 
-ROUNDS="${BENCH_ROUNDS:-9}"
-DURATION="${BENCH_DURATION:-5}"
-WARMUP="${BENCH_WARMUP:-1}"
-CONNECTIONS="${BENCH_CONNECTIONS:-32}"
-BODY_BYTES="${BENCH_BODY_BYTES:-1024}"
+cost_settings 9 5
 LEASE_MS="${BENCH_LEASE_MS:-3000}"
 
-need nginx nginx
-need taskset util-linux
-need python3 python3
-need curl curl
-build_palisade
-make_workdir
-machine_report
-wait_quiet
-
-"$PALISADE" node --help | grep -q -- '--lease-ms' || die "this palisade node has no --lease-ms (the fleet's node side)"
-"$PALISADE" proxy --help | grep -q -- '--cluster' || die "this palisade proxy has no --cluster (the fleet's proxy side)"
-
-if [ "$(nproc)" -ge 2 ]; then
-  proxy_cpus=0
-  side_cpus=1
-  pin_side=(taskset -c "$side_cpus")
-else
-  proxy_cpus=""
-  side_cpus=""
-  pin_side=()
-fi
-
-TICK_HZ="$(getconf CLK_TCK)"
-RESULTS="$BENCH_WORK/results.jsonl"
-: >"$RESULTS"
+bench_start
+need_fleet
+split_cpus
+start_results
 
 up_port="$(free_port)"
-start_upstream "$up_port" "$side_cpus"
+start_upstream "$up_port" "$SIDE_CPUS"
 up_pid="$SPAWNED"
 
 # The fleet: a one-node cluster granting leases and announcing to the fleet proxy, whose
@@ -67,21 +42,16 @@ node_raft="$(free_port)"
 node_api="$(free_port)"
 name_flag=()
 "$PALISADE" proxy --help | grep -q -- '--fleet-name' && name_flag=(--fleet-name "$fleet_url")
-start_palisade_proxy fleet "$fleet_port" "$fleet_admin" 1 "$proxy_cpus" \
+start_palisade_proxy fleet "$fleet_port" "$fleet_admin" 1 "$MAIN_CPUS" \
   --upstream "http://127.0.0.1:$up_port" --cluster "http://127.0.0.1:$node_api" "${name_flag[@]}"
 fleet_pid="$(pgrep -g "$SPAWNED" -x palisade)"
-spawn node "${pin_side[@]}" "$PALISADE" node --id 1 --peers "1=127.0.0.1:$node_raft" \
+spawn node "${PIN_SIDE[@]}" "$PALISADE" node --id 1 --peers "1=127.0.0.1:$node_raft" \
   --api "127.0.0.1:$node_api" --data-dir "$BENCH_WORK/node-data" \
   --lease-ms "$LEASE_MS" --announce "$fleet_url"
 # Its pid once it runs as palisade (taskset execs it; before that, pgrep finds nothing).
 wait_for_line "$BENCH_WORK/node.out" "listening on"
 node_pid="$(pgrep -g "$SPAWNED" -x palisade)"
-view=""
-for _ in $(seq 300); do
-  view="$(curl -s --max-time 1 "http://127.0.0.1:$node_api/v1/leader" || true)"
-  grep -q '"token":[0-9]' <<<"$view" && break
-  sleep 0.1
-done
+view="$(leader_view "$node_api" '"token":[0-9]' 30)"
 TOKEN="$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["token"])' "$view")" ||
   die "no token from the node: $view"
 [ "$TOKEN" != None ] || die "the node released no token within 30 s: $view"
@@ -90,7 +60,7 @@ log "token $TOKEN (node $node_pid, fleet proxy $fleet_pid)"
 # The standalone proxy, its fence set to the same token.
 alone_port="$(free_port)"
 alone_admin="$(free_port)"
-start_palisade_proxy standalone "$alone_port" "$alone_admin" 1 "$proxy_cpus" \
+start_palisade_proxy standalone "$alone_port" "$alone_admin" 1 "$MAIN_CPUS" \
   --upstream "http://127.0.0.1:$up_port"
 alone_pid="$(pgrep -g "$SPAWNED" -x palisade)"
 curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
@@ -99,21 +69,14 @@ curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$T
 # Both admit a write with the token before anything is measured (the fleet proxy once it
 # holds its lease).
 for port in "$fleet_port" "$alone_port"; do
-  code=""
-  for _ in $(seq 100); do
-    code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X PUT -H "Fencing-Token: $TOKEN" \
-      --data x "http://127.0.0.1:$port/check" || true)"
-    [ "$code" = 200 ] && break
-    sleep 0.1
-  done
-  [ "$code" = 200 ] || die "the proxy on :$port answers $code to a write with token $TOKEN"
+  await_write "$port" "$TOKEN" "the proxy on :$port"
 done
 log "fleet: pid $fleet_pid :$fleet_port; standalone: pid $alone_pid :$alone_port"
 
 # load PORT SECONDS: one run of the load generator against a proxy; prints its JSON
 # report (at least answered, rps, non_2xx, errors).
 load() {
-  "${pin_side[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
+  "${PIN_SIDE[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
     --url "http://127.0.0.1:$1/bench" --method PUT --body-bytes "$BODY_BYTES" \
     --token "$TOKEN" --connections "$CONNECTIONS" --json --duration "$2"
 }
@@ -128,16 +91,8 @@ one_run() {
   out="$(load "$port" "$DURATION")"
   after="$(cpu_ticks "$pid")"
   nafter="$(cpu_ticks "$node_pid")"
-  python3 - "$target" "$((after - before))" "$TICK_HZ" "$out" "$((nafter - nbefore))" >>"$RESULTS" <<'EOF'
-import json, sys
-target, ticks, hz, out, node = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-r = json.loads(out)
-r.update(target=target, cpu_ticks=ticks, node_ticks=node,
-         cpu_us_per_req=(ticks / hz * 1e6 / r["answered"]) if r["answered"] else None)
-print(json.dumps(r))
-print(f"  {target:<10} {r['rps']:>9.0f} req/s  non-2xx {r['non_2xx']}  errors {r['errors']}  "
-      f"cpu {r['cpu_us_per_req'] or 0:.2f} us/req  node {node} ticks", file=sys.stderr)
-EOF
+  record_run "$target" "$((after - before))" "$out" "$(printf '%-10s' "$target")" \
+    "{\"node_ticks\": $((nafter - nbefore))}" "  node $((nafter - nbefore)) ticks"
 }
 
 for round in $(seq "$ROUNDS"); do
@@ -151,34 +106,14 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$RESULTS" "$(nproc)" "$ROUNDS" "$DURATION" "$CONNECTIONS" "$BODY_BYTES" "$LEASE_MS" "$TICK_HZ" <<'EOF'
+printf '\nfleet cost: %s cores, %s rounds of %s s, %s connections, PUT %s B, equal token; proxies 1 thread each; fleet proxy leased from a one-node cluster with --lease-ms %s\n\n' \
+  "$(nproc)" "$ROUNDS" "$DURATION" "$CONNECTIONS" "$BODY_BYTES" "$LEASE_MS"
+cost_table standalone fleet "fleet / standalone" "+5%"
+python3 - "$RESULTS" "$TICK_HZ" "$DURATION" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-cores, rounds, duration, conns, body, lease, hz = sys.argv[2:9]
-def med(xs):
-    return statistics.median([x for x in xs if x is not None])
-print(f"\nfleet cost: {cores} cores, {rounds} rounds of {duration} s, {conns} connections, "
-      f"PUT {body} B, equal token; proxies 1 thread each; fleet proxy leased from a one-node "
-      f"cluster with --lease-ms {lease}\n")
-print("| proxy | req/s | CPU µs/req (median) | min | max | non-2xx | errors |")
-print("|---|---|---|---|---|---|---|")
-m = {}
-for t in ("standalone", "fleet"):
-    rs = [r for r in rows if r["target"] == t]
-    cpu = [r["cpu_us_per_req"] for r in rs]
-    m[t] = med(cpu)
-    print(f"| {t} | {med([r['rps'] for r in rs]):.0f} | {m[t]:.2f} | {min(cpu):.2f} | {max(cpu):.2f} | "
-          f"{sum(r['non_2xx'] for r in rs)} | {sum(r['errors'] for r in rs)} |")
-ratio = m["fleet"] / m["standalone"]
-print(f"\nCPU per request, fleet / standalone, ratio of the medians: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%); goal under +5%")
-# Each round ran both proxies back to back, so the ratio within a round cancels most of
-# the machine's drift between rounds.
-fl = [r["cpu_us_per_req"] for r in rows if r["target"] == "fleet"]
-al = [r["cpu_us_per_req"] for r in rows if r["target"] == "standalone"]
-paired = [a / b for a, b in zip(fl, al)]
-print(f"median of the per-round ratios: {statistics.median(paired):.3f} "
-      f"(rounds: {', '.join(f'{p:.3f}' for p in paired)})")
-node = [r["node_ticks"] / int(hz) / float(duration) * 100 for r in rows if r["target"] == "fleet"]
+hz, duration = int(sys.argv[2]), float(sys.argv[3])
+node = [r["node_ticks"] / hz / duration * 100 for r in rows if r["target"] == "fleet"]
 print(f"the node's CPU during the fleet runs (renewals only; it serves no writes): median {statistics.median(node):.2f}% of a core")
 EOF
 stop "$up_pid"

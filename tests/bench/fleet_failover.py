@@ -23,7 +23,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,20 +30,11 @@ import time
 import urllib.error
 import urllib.request
 
-# A node or proxy that is not paused answers in well under a millisecond on loopback; a
-# slower answer only means a busy machine.
-QUERY_TIMEOUT_S = 0.5
+from failover_lib import QUERY_TIMEOUT_S, START_TIMEOUT_S, TRIAL_TIMEOUT_S, free_port, show_ms
+
 # A write may wait for a lease renewal inside the proxy (its bounded wait), so it gets
 # more time than a query.
 WRITE_TIMEOUT_S = 5.0
-TRIAL_TIMEOUT_S = 30.0
-START_TIMEOUT_S = 30.0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def log(msg):
@@ -280,10 +270,9 @@ def main():
                 break
             t = trial(fleet, n, a.poll_ms / 1000.0)
             trials.append(t)
-            fmt = lambda x: "-" if x is None else f"{x:.0f}"
             log(f"{a.proxies} proxies, trial {n}: paused node {t['paused_node']} (term {t['old_term']}): "
-                f"elected {fmt(t['elected_ms'])} ms, released {fmt(t['released_ms'])} ms, "
-                f"admitted at proxy {t['proxy']} {fmt(t['admitted_ms'])} ms; refusals {t['refusals']}; "
+                f"elected {show_ms(t['elected_ms'])} ms, released {show_ms(t['released_ms'])} ms, "
+                f"admitted at proxy {t['proxy']} {show_ms(t['admitted_ms'])} ms; refusals {t['refusals']}; "
                 f"released by {t['released_by']}")
             # A random extra wait of up to a third of the lease (the proxies' renewal
             # period), so the pause lands at a random moment of their renewal cycle: a

@@ -32,33 +32,18 @@ POLL_MS="${BENCH_POLL_MS:-10}"
 # when a proxy does not acknowledge.
 BLOCK_BUDGET_S=$((TRIALS * (6 + LEASE_MS / 1000) / BLOCKS + 30))
 
-need nginx nginx
-need taskset util-linux
-need python3 python3
-need curl curl
-build_palisade
-make_workdir
-machine_report
-wait_quiet
-
-"$PALISADE" node --help | grep -q -- '--lease-ms' || die "this palisade node has no --lease-ms (the fleet's node side)"
-"$PALISADE" proxy --help | grep -q -- '--cluster' || die "this palisade proxy has no --cluster (the fleet's proxy side)"
+bench_start
+need_fleet
 name_flag=()
 "$PALISADE" proxy --help | grep -q -- '--fleet-name' && name_flag=(--fleet-name)
 
-if [ "$(nproc)" -ge 2 ]; then
-  cpu_flags=(--node-cpus 0 --proxy-cpus 1)
-  side_cpus=1
-  pin_side=(taskset -c 1)
-else
-  cpu_flags=()
-  side_cpus=""
-  pin_side=()
-fi
+split_cpus
+cpu_flags=()
+[ -n "$MAIN_CPUS" ] && cpu_flags=(--node-cpus "$MAIN_CPUS" --proxy-cpus "$SIDE_CPUS")
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 up_port="$(free_port)"
-start_upstream "$up_port" "$side_cpus"
+start_upstream "$up_port" "$SIDE_CPUS"
 per_block=$(((TRIALS + BLOCKS - 1) / BLOCKS))
 # Configurations, as MODE:PROXIES: "fleet" (leases on, proxies with --cluster), and
 # "alone" (today's single standalone proxy, nodes without --lease-ms: the baseline the
@@ -81,7 +66,7 @@ for block in $(seq "$BLOCKS"); do
     log "block $block of $BLOCKS: $mode, $n proxies, $per_block trials"
     mkdir -p "$BENCH_WORK/$tag"
     spawn "$tag" timeout -s TERM -k 10 "$((BLOCK_BUDGET_S + 30))" \
-      "${pin_side[@]}" python3 "$HERE/fleet_failover.py" --palisade "$PALISADE" \
+      "${PIN_SIDE[@]}" python3 "$HERE/fleet_failover.py" --palisade "$PALISADE" \
       --dir "$BENCH_WORK/$tag" --upstream "http://127.0.0.1:$up_port" \
       --proxies "$n" --trials "$per_block" --lease-ms "$lease" --poll-ms "$POLL_MS" \
       --settle-ms "$SETTLE_MS" --budget-s "$BLOCK_BUDGET_S" "${name_flag[@]}" "${cpu_flags[@]}"

@@ -32,34 +32,17 @@ read -r -a SIZES <<<"${BENCH_SIZES:-0 1 3 10}"
 # of these, summed over its labels.
 METRIC_PATTERN='lease_|renew|read_?index'
 
-need nginx nginx
-need taskset util-linux
-need python3 python3
-need curl curl
-build_palisade
-make_workdir
-machine_report
-wait_quiet
-
-"$PALISADE" node --help | grep -q -- '--lease-ms' || die "this palisade node has no --lease-ms (the fleet's node side)"
-"$PALISADE" proxy --help | grep -q -- '--cluster' || die "this palisade proxy has no --cluster (the fleet's proxy side)"
+bench_start
+need_fleet
 fleet_name=0
 "$PALISADE" proxy --help | grep -q -- '--fleet-name' && fleet_name=1
 
-if [ "$(nproc)" -ge 2 ]; then
-  node_cpus=0
-  side_cpus=1
-else
-  node_cpus=""
-  side_cpus=""
-fi
-
-TICK_HZ="$(getconf CLK_TCK)"
-RESULTS="$BENCH_WORK/results.jsonl"
-: >"$RESULTS"
+# The nodes are what is measured here: they run on MAIN_CPUS, the proxies on SIDE_CPUS.
+split_cpus
+start_results
 
 up_port="$(free_port)"
-start_upstream "$up_port" "$side_cpus"
+start_upstream "$up_port" "$SIDE_CPUS"
 
 # cpu_ns PID...: CPU time of the processes' live threads in nanoseconds, from
 # /proc/PID/task/*/schedstat: an idle node uses well under 1% of a core, which clock ticks
@@ -121,13 +104,13 @@ measure() {
   for j in $(seq "$n"); do
     local extra=()
     [ "$fleet_name" = 1 ] && extra=(--fleet-name "http://127.0.0.1:${admin[j - 1]}")
-    start_palisade_proxy "$tag-proxy-$j" "${listen[j - 1]}" "${admin[j - 1]}" 1 "$side_cpus" \
+    start_palisade_proxy "$tag-proxy-$j" "${listen[j - 1]}" "${admin[j - 1]}" 1 "$SIDE_CPUS" \
       --upstream "http://127.0.0.1:$up_port" --cluster "$cluster" "${extra[@]}"
     groups+=("$SPAWNED")
     proxy_pids+=("$(pgrep -g "$SPAWNED" -x palisade)")
   done
   local pin=()
-  [ -n "$node_cpus" ] && pin=(taskset -c "$node_cpus")
+  [ -n "$MAIN_CPUS" ] && pin=(taskset -c "$MAIN_CPUS")
   for i in 1 2 3; do
     spawn "$tag-node-$i" "${pin[@]}" "$PALISADE" node --id "$i" --peers "$peers" \
       --api "127.0.0.1:${api[i - 1]}" --data-dir "$BENCH_WORK/$tag-node-$i-data" \
@@ -153,16 +136,8 @@ measure() {
   done
   [ -n "$token" ] || die "$tag: no leader released a token within 30 s"
   # Every proxy holds a lease: it admits one write with the token.
-  local code
   for j in $(seq "$n"); do
-    code=""
-    for _ in $(seq 100); do
-      code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X PUT -H "Fencing-Token: $token" \
-        --data x "http://127.0.0.1:${listen[j - 1]}/check" || true)"
-      [ "$code" = 200 ] && break
-      sleep 0.1
-    done
-    [ "$code" = 200 ] || die "$tag: proxy $j answers $code to a write with token $token"
+    await_write "${listen[j - 1]}" "$token" "$tag: proxy $j"
   done
   sleep "$WARMUP"
   local node_urls=() proxy_urls=()

@@ -288,3 +288,137 @@ wait_quiet() {
   done
   log "starting with CPUs ${busy}% busy, load average $(cut -d' ' -f1-3 /proc/loadavg), after waiting ${waited}s"
 }
+
+# cost_settings ROUNDS DURATION: the settings of a CPU-cost benchmark, from the
+# environment: ROUNDS (BENCH_ROUNDS), DURATION (BENCH_DURATION, seconds), with the
+# defaults given; WARMUP (BENCH_WARMUP, 1 s), CONNECTIONS (BENCH_CONNECTIONS, 32) and
+# BODY_BYTES (BENCH_BODY_BYTES, 1024).
+# shellcheck disable=SC2034 # for the scripts that source this.
+cost_settings() {
+  ROUNDS="${BENCH_ROUNDS:-$1}"
+  DURATION="${BENCH_DURATION:-$2}"
+  WARMUP="${BENCH_WARMUP:-1}"
+  CONNECTIONS="${BENCH_CONNECTIONS:-32}"
+  BODY_BYTES="${BENCH_BODY_BYTES:-1024}"
+}
+
+# bench_start: what every cost benchmark does first: installs nginx, taskset, python3
+# and curl when missing, builds palisade, makes the work directory, reports the machine
+# and waits for it to be quiet (wait_quiet).
+bench_start() {
+  need nginx nginx
+  need taskset util-linux
+  need python3 python3
+  need curl curl
+  build_palisade
+  make_workdir
+  machine_report
+  wait_quiet
+}
+
+# need_fleet: dies unless this palisade has the fleet's flags (node --lease-ms, proxy
+# --cluster).
+need_fleet() {
+  "$PALISADE" node --help | grep -q -- '--lease-ms' || die "this palisade node has no --lease-ms (the fleet's node side)"
+  "$PALISADE" proxy --help | grep -q -- '--cluster' || die "this palisade proxy has no --cluster (the fleet's proxy side)"
+}
+
+# split_cpus: with 2 CPUs or more, MAIN_CPUS=0 for what is measured (the proxies, or the
+# nodes), SIDE_CPUS=1 for the rest, and PIN_SIDE the taskset prefix that runs a command
+# on CPU 1; with one CPU all three are empty and nothing is pinned.
+# shellcheck disable=SC2034 # MAIN_CPUS and PIN_SIDE are for the scripts that source this.
+split_cpus() {
+  if [ "$(nproc)" -ge 2 ]; then
+    MAIN_CPUS=0
+    SIDE_CPUS=1
+    PIN_SIDE=(taskset -c "$SIDE_CPUS")
+  else
+    MAIN_CPUS=""
+    SIDE_CPUS=""
+    PIN_SIDE=()
+  fi
+}
+
+# start_results: TICK_HZ (clock ticks per second) and RESULTS, an empty file of JSON
+# lines in the work directory.
+start_results() {
+  TICK_HZ="$(getconf CLK_TCK)"
+  RESULTS="$BENCH_WORK/results.jsonl"
+  : >"$RESULTS"
+}
+
+# await_write PORT TOKEN WHO: waits (10 s at most) until the proxy listening on PORT
+# admits a write with TOKEN; dies naming WHO otherwise.
+await_write() {
+  local port="$1" token="$2" who="$3" code=""
+  for _ in $(seq 100); do
+    code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X PUT -H "Fencing-Token: $token" \
+      --data x "http://127.0.0.1:$port/check" || true)"
+    [ "$code" = 200 ] && break
+    sleep 0.1
+  done
+  [ "$code" = 200 ] || die "$who answers $code to a write with token $token"
+}
+
+# leader_view PORT PATTERN [SECONDS]: the leader view of the node whose API listens on
+# PORT once it matches PATTERN (grep), polled every 0.1 s for SECONDS at most (default
+# 30); the last view read when it never does.
+leader_view() {
+  local port="$1" pattern="$2" secs="${3:-30}" view=""
+  for _ in $(seq $((secs * 10))); do
+    view="$(curl -s --max-time 1 "http://127.0.0.1:$port/v1/leader" || true)"
+    grep -q -- "$pattern" <<<"$view" && break
+    sleep 0.1
+  done
+  printf '%s\n' "$view"
+}
+
+# record_run TARGET TICKS OUT LABEL [EXTRA_JSON [NOTE]]: appends to RESULTS one measured
+# run of TARGET: the load generator's JSON report OUT (at least answered, rps, non_2xx,
+# errors), the proxy's CPU TICKS over it, its CPU per request, and the fields of
+# EXTRA_JSON; logs one line that starts with LABEL and ends with NOTE.
+record_run() {
+  python3 - "$1" "$2" "$3" "$4" "${5:-}" "${6:-}" "$TICK_HZ" >>"$RESULTS" <<'PY'
+import json, sys
+target, ticks, out, label, extra, note, hz = sys.argv[1:8]
+ticks, hz = int(ticks), int(hz)
+r = json.loads(out)
+r.update(target=target, cpu_ticks=ticks, **json.loads(extra or "{}"))
+r["cpu_us_per_req"] = (ticks / hz * 1e6 / r["answered"]) if r["answered"] else None
+print(json.dumps(r))
+print(f"  {label} {r['rps']:>9.0f} req/s  non-2xx {r['non_2xx']}  errors {r['errors']}  "
+      f"cpu {r['cpu_us_per_req'] or 0:.2f} us/req{note}", file=sys.stderr)
+PY
+}
+
+# cost_table BASELINE OTHER RATIO_NAME GOAL: the report of RESULTS for two proxies
+# measured round by round (record_run): per proxy the medians of req/s and CPU per
+# request, then OTHER's CPU per request over BASELINE's (ratio of the medians, against
+# GOAL, and the median of the per-round ratios).
+cost_table() {
+  python3 - "$RESULTS" "$@" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+base, other, name, goal = sys.argv[2:6]
+def med(xs):
+    return statistics.median([x for x in xs if x is not None])
+print("| proxy | req/s | CPU µs/req (median) | min | max | non-2xx | errors |")
+print("|---|---|---|---|---|---|---|")
+m = {}
+for t in (base, other):
+    rs = [r for r in rows if r["target"] == t]
+    cpu = [r["cpu_us_per_req"] for r in rs]
+    m[t] = med(cpu)
+    print(f"| {t} | {med([r['rps'] for r in rs]):.0f} | {m[t]:.2f} | {min(cpu):.2f} | {max(cpu):.2f} | "
+          f"{sum(r['non_2xx'] for r in rs)} | {sum(r['errors'] for r in rs)} |")
+ratio = m[other] / m[base]
+print(f"\nCPU per request, {name}, ratio of the medians: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%); goal under {goal}")
+# Each round ran both proxies back to back, so the ratio within a round cancels most of
+# the machine's drift between rounds.
+o = [r["cpu_us_per_req"] for r in rows if r["target"] == other]
+b = [r["cpu_us_per_req"] for r in rows if r["target"] == base]
+paired = [x / y for x, y in zip(o, b)]
+print(f"median of the per-round ratios: {statistics.median(paired):.3f} "
+      f"(rounds: {', '.join(f'{p:.3f}' for p in paired)})")
+PY
+}

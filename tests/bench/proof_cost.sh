@@ -19,20 +19,9 @@
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
 
-ROUNDS="${BENCH_ROUNDS:-9}"
-DURATION="${BENCH_DURATION:-5}"
-WARMUP="${BENCH_WARMUP:-1}"
-CONNECTIONS="${BENCH_CONNECTIONS:-32}"
-BODY_BYTES="${BENCH_BODY_BYTES:-1024}"
+cost_settings 9 5
 
-need nginx nginx
-need taskset util-linux
-need python3 python3
-need curl curl
-build_palisade
-make_workdir
-machine_report
-wait_quiet
+bench_start
 
 # The load generator: `palisade bench` when it can send the proof header (a dedicated
 # flag, or a generic header flag); otherwise wrk (Debian's package) with a Lua script that
@@ -49,18 +38,8 @@ else
   need wrk wrk
 fi
 
-if [ "$(nproc)" -ge 2 ]; then
-  proxy_cpus=0
-  side_cpus=1
-  pin_side=(taskset -c "$side_cpus")
-else
-  proxy_cpus=""
-  pin_side=()
-fi
-
-TICK_HZ="$(getconf CLK_TCK)"
-RESULTS="$BENCH_WORK/results.jsonl"
-: >"$RESULTS"
+split_cpus
+start_results
 
 # The signing key (from `palisade keys generate`; openssl's Ed25519 PKCS#8 and SPKI PEM
 # files are the same formats, for a binary that lacks the command), and the real proof of
@@ -75,23 +54,18 @@ else
 fi
 node_raft="$(free_port)"
 node_api="$(free_port)"
-spawn node "${pin_side[@]}" "$PALISADE" node --id 1 --peers "1=127.0.0.1:$node_raft" \
+spawn node "${PIN_SIDE[@]}" "$PALISADE" node --id 1 --peers "1=127.0.0.1:$node_raft" \
   --api "127.0.0.1:$node_api" --data-dir "$BENCH_WORK/node-data" \
   --token-key "$BENCH_WORK/keys/token.key"
 node_group="$SPAWNED"
-view=""
-for _ in $(seq 100); do
-  view="$(curl -s --max-time 1 "http://127.0.0.1:$node_api/v1/leader" || true)"
-  grep -q '"proof":"' <<<"$view" && break
-  sleep 0.1
-done
+view="$(leader_view "$node_api" '"proof":"' 10)"
 read -r TOKEN PROOF < <(python3 -c 'import json,sys; v=json.loads(sys.argv[1]); print(v["token"], v["proof"])' "$view") ||
   die "no token and proof from the node: $view"
 stop "$node_group"
 log "token $TOKEN, proof ${PROOF:0:12}..."
 
 up_port="$(free_port)"
-start_upstream "$up_port" "${side_cpus:-}"
+start_upstream "$up_port" "$SIDE_CPUS"
 up_pid="$SPAWNED"
 
 # start NAME FLAGS...: a proxy in front of the upstream with its fence at TOKEN; sets
@@ -101,7 +75,7 @@ start() {
   shift
   STARTED_PORT="$(free_port)"
   admin="$(free_port)"
-  start_palisade_proxy "$name" "$STARTED_PORT" "$admin" 1 "$proxy_cpus" \
+  start_palisade_proxy "$name" "$STARTED_PORT" "$admin" 1 "$MAIN_CPUS" \
     --upstream "http://127.0.0.1:$up_port" "$@"
   STARTED_PID="$(pgrep -g "$SPAWNED" -x palisade)"
   curl -s --fail -X POST -H "Content-Type: application/json" \
@@ -121,7 +95,7 @@ log "proofs off: pid $off_pid :$off_port; proofs on: pid $on_pid :$on_port"
 if [ "$LOADGEN" = palisade ]; then
   mapfile -t proof_flag < <(proof_args "$PROOF")
   load() {
-    "${pin_side[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
+    "${PIN_SIDE[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
       --url "http://127.0.0.1:$1/bench" --method PUT --body-bytes "$BODY_BYTES" \
       --token "$TOKEN" "${proof_flag[@]}" --connections "$CONNECTIONS" --json --duration "$2"
   }
@@ -139,7 +113,7 @@ done = function(summary, latency, requests)
 end
 LUA
   load() {
-    "${pin_side[@]}" wrk -t 1 -c "$CONNECTIONS" -d "${2}s" -s "$BENCH_WORK/put.lua" \
+    "${PIN_SIDE[@]}" wrk -t 1 -c "$CONNECTIONS" -d "${2}s" -s "$BENCH_WORK/put.lua" \
       "http://127.0.0.1:$1/bench" | tail -1
   }
 fi
@@ -151,16 +125,7 @@ one_run() {
   before="$(cpu_ticks "$pid")"
   out="$(load "$port" "$DURATION")"
   after="$(cpu_ticks "$pid")"
-  python3 - "$target" "$((after - before))" "$TICK_HZ" "$out" >>"$RESULTS" <<'EOF'
-import json, sys
-target, ticks, hz, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-r = json.loads(out)
-r.update(target=target, cpu_ticks=ticks,
-         cpu_us_per_req=(ticks / hz * 1e6 / r["answered"]) if r["answered"] else None)
-print(json.dumps(r))
-print(f"  {target:<10} {r['rps']:>9.0f} req/s  non-2xx {r['non_2xx']}  errors {r['errors']}  "
-      f"cpu {r['cpu_us_per_req'] or 0:.2f} us/req", file=sys.stderr)
-EOF
+  record_run "$target" "$((after - before))" "$out" "$(printf '%-10s' "$target")"
 }
 
 for round in $(seq "$ROUNDS"); do
@@ -174,31 +139,7 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-python3 - "$RESULTS" "$(nproc)" "$ROUNDS" "$DURATION" "$CONNECTIONS" "$BODY_BYTES" "$LOADGEN" <<'EOF'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-cores, rounds, duration, conns, body, loadgen = sys.argv[2:8]
-def med(xs):
-    return statistics.median([x for x in xs if x is not None])
-print(f"\nproof cost ({loadgen}): {cores} cores, {rounds} rounds of {duration} s, {conns} connections, "
-      f"PUT {body} B, equal token with its proof; proxies 1 thread each\n")
-print("| proxy | req/s | CPU µs/req (median) | min | max | non-2xx | errors |")
-print("|---|---|---|---|---|---|---|")
-m = {}
-for t in ("proofs-off", "proofs-on"):
-    rs = [r for r in rows if r["target"] == t]
-    cpu = [r["cpu_us_per_req"] for r in rs]
-    m[t] = med(cpu)
-    print(f"| {t} | {med([r['rps'] for r in rs]):.0f} | {m[t]:.2f} | {min(cpu):.2f} | {max(cpu):.2f} | "
-          f"{sum(r['non_2xx'] for r in rs)} | {sum(r['errors'] for r in rs)} |")
-ratio = m["proofs-on"] / m["proofs-off"]
-print(f"\nCPU per request, proofs on / off, ratio of the medians: {ratio:.3f} ({(ratio - 1) * 100:+.1f}%); goal under +3%")
-# Each round ran both proxies back to back, so the ratio within a round cancels most of
-# the machine's drift between rounds.
-on = [r["cpu_us_per_req"] for r in rows if r["target"] == "proofs-on"]
-off = [r["cpu_us_per_req"] for r in rows if r["target"] == "proofs-off"]
-paired = [a / b for a, b in zip(on, off)]
-print(f"median of the per-round ratios: {statistics.median(paired):.3f} "
-      f"(rounds: {', '.join(f'{p:.3f}' for p in paired)})")
-EOF
+printf '\nproof cost (%s): %s cores, %s rounds of %s s, %s connections, PUT %s B, equal token with its proof; proxies 1 thread each\n\n' \
+  "$LOADGEN" "$(nproc)" "$ROUNDS" "$DURATION" "$CONNECTIONS" "$BODY_BYTES"
+cost_table proofs-off proofs-on "proofs on / off" "+3%"
 stop "$up_pid"

@@ -25,42 +25,21 @@
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
 
-ROUNDS="${BENCH_ROUNDS:-7}"
-DURATION="${BENCH_DURATION:-4}"
-WARMUP="${BENCH_WARMUP:-1}"
-CONNECTIONS="${BENCH_CONNECTIONS:-32}"
+cost_settings 7 4
 read -r -a SIZES <<<"${BENCH_BODY_SIZES:-1024 65536}"
 [ -n "${BASELINE_BIN:-}" ] && [ -x "$BASELINE_BIN" ] && [ "$(basename "$BASELINE_BIN")" = palisade ] ||
   die "set BASELINE_BIN to an executable named palisade to compare with (a release build of an older commit)"
 
-need nginx nginx
-need taskset util-linux
-need python3 python3
-need curl curl
 if [ "${BENCH_COUNTS:-0}" = 1 ]; then
   need valgrind valgrind
   need strace strace
 fi
-build_palisade
-make_workdir
-machine_report
-wait_quiet
-
-if [ "$(nproc)" -ge 2 ]; then
-  proxy_cpus=0
-  pin_side=(taskset -c 1)
-  side_cpus=1
-else
-  proxy_cpus=""
-  pin_side=()
-  side_cpus=""
-fi
-TICK_HZ="$(getconf CLK_TCK)"
-RESULTS="$BENCH_WORK/results.jsonl"
-: >"$RESULTS"
+bench_start
+split_cpus
+start_results
 
 up_port="$(free_port)"
-start_upstream "$up_port" "$side_cpus"
+start_upstream "$up_port" "$SIDE_CPUS"
 up_pid="$SPAWNED"
 
 # start NAME BINARY: a proxy in front of the upstream with its fence at 1; sets
@@ -69,7 +48,7 @@ start() {
   local name="$1" bin="$2" admin
   STARTED_PORT="$(free_port)"
   admin="$(free_port)"
-  PALISADE="$bin" start_palisade_proxy "$name" "$STARTED_PORT" "$admin" 1 "$proxy_cpus" \
+  PALISADE="$bin" start_palisade_proxy "$name" "$STARTED_PORT" "$admin" 1 "$MAIN_CPUS" \
     --upstream "http://127.0.0.1:$up_port"
   STARTED_PID="$(pgrep -g "$SPAWNED" -x palisade)"
   curl -s --fail -X POST -H "Content-Type: application/json" --data '{"token":1}' \
@@ -94,7 +73,7 @@ counted() {
   wait_for_line "$BENCH_WORK/$name.out" "palisade proxy listening on" 120
   curl -s --fail -X POST -H "Content-Type: application/json" --data '{"token":1}' \
     "http://127.0.0.1:$admin/v1/fences/default" >/dev/null || die "cannot set the fence of $name"
-  "${pin_side[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
+  "${PIN_SIDE[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
     --url "http://127.0.0.1:$port/bench" --method PUT --body-bytes "$bytes" \
     --token 1 --connections 8 --requests "$n" --json >/dev/null
   # The proxy itself is asked to stop (under strace, the tracer must see it exit), and
@@ -152,7 +131,7 @@ log "current: pid $cur_pid :$cur_port ($PALISADE); baseline: pid $base_pid :$bas
 
 # load PORT SECONDS BYTES: one run of the load generator; prints its JSON report.
 load() {
-  "${pin_side[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
+  "${PIN_SIDE[@]}" env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
     --url "http://127.0.0.1:$1/bench" --method PUT --body-bytes "$3" \
     --token 1 --connections "$CONNECTIONS" --json --duration "$2"
 }
@@ -164,16 +143,8 @@ one_run() {
   before="$(cpu_ticks "$pid")"
   out="$(load "$port" "$DURATION" "$bytes")"
   after="$(cpu_ticks "$pid")"
-  python3 - "$target" "$bytes" "$((after - before))" "$TICK_HZ" "$out" >>"$RESULTS" <<'EOF'
-import json, sys
-target, size, ticks, hz, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-r = json.loads(out)
-r.update(target=target, body_bytes=size, cpu_ticks=ticks,
-         cpu_us_per_req=(ticks / hz * 1e6 / r["answered"]) if r["answered"] else None)
-print(json.dumps(r))
-print(f"  {target:<9} {size:>7} B {r['rps']:>9.0f} req/s  non-2xx {r['non_2xx']}  errors {r['errors']}  "
-      f"cpu {r['cpu_us_per_req'] or 0:.2f} us/req", file=sys.stderr)
-EOF
+  record_run "$target" "$((after - before))" "$out" "$(printf '%-9s %7s B' "$target" "$bytes")" \
+    "{\"body_bytes\": $bytes}"
 }
 
 for round in $(seq "$ROUNDS"); do

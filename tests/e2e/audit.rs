@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use http::StatusCode;
+use palisade_cluster::wait;
 use palisade_protocol::AuditRecord;
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::audit::rotated_path;
@@ -38,11 +39,12 @@ fn audit(file: &Path, args: &[&str]) -> Vec<AuditRecord> {
 
 /// Waits until `palisade audit FILE ARGS` finds at least `n` records.
 async fn wait_records(file: &Path, args: &[&str], n: usize) -> Vec<AuditRecord> {
-    palisade_tests::wait::until("the audit records", AUDIT_TIMEOUT, || async {
+    wait::poll(AUDIT_TIMEOUT, || async {
         let found = audit(file, args);
         (found.len() >= n).then_some(found)
     })
     .await
+    .expect("timed out waiting for the audit records")
 }
 
 /// Goal: a stale leader's rejected write is in the proxy's audit log with its fields
@@ -261,17 +263,16 @@ async fn node_audit_log_records_a_transfer_asked_of_its_api() {
     // Leadership to the audited node (asked of the leader, whose log is off), once it is
     // back and caught up; a refusal while it catches up is retried.
     let leader_api = cluster.node(first.node_id).unwrap().api().clone();
-    palisade_tests::wait::until("leadership moved to the audited node", timeout, || async {
+    wait::poll(timeout, || async {
         leader_api.transfer(audited).await.ok()
     })
-    .await;
+    .await
+    .expect("timed out waiting for leadership moved to the audited node");
     let target = cluster.ids().into_iter().find(|&id| id != audited).unwrap();
     let api = cluster.node(audited).unwrap().api().clone();
-    let moved =
-        palisade_tests::wait::until("a transfer from the audited node", timeout, || async {
-            api.transfer(target).await.ok()
-        })
-        .await;
+    let moved = wait::poll(timeout, || async { api.transfer(target).await.ok() })
+        .await
+        .expect("timed out waiting for a transfer from the audited node");
     let records = wait_records(
         &log,
         &["--event", "transfer", "--token", &moved.term.to_string()],

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use palisade_client::{
     ClientError, FencedClient, ProxyAdmin, StaticToken, StatusCode, TokenSource,
 };
+use palisade_cluster::wait;
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::admin::METRICS_PATH;
 use palisade_tests::client::send;
 use palisade_tests::fixtures::{hold_in_flight, proxy_with_upstream};
 use palisade_tests::process::{ProxyProcess, start_proxy};
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait;
 
 /// Longest a condition in these tests may take.
 const WAIT: Duration = Duration::from_secs(10);
@@ -184,10 +184,11 @@ async fn idempotent_put_is_retried_and_plain_post_is_not() {
     };
     // Release the held write only once the first attempt has been answered 503.
     let release = async {
-        wait::until("a barrier 503", WAIT, || async {
+        wait::poll(WAIT, || async {
             (barrier_timeouts().await >= 1).then_some(())
         })
-        .await;
+        .await
+        .expect("timed out waiting for a barrier 503");
         upstream.release("/slow");
     };
     let ((response, _), ()) = tokio::join!(retried, release);

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
+use palisade_cluster::wait;
 use palisade_cluster::{ClusterOptions, ClusterSpec};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::headers::FENCING_TOKEN_CURRENT;
@@ -36,14 +37,14 @@ async fn new_leader_fences_the_proxy_without_writing() {
         .await
         .expect("a first leader");
     let old = first.token.unwrap();
-    let fence =
-        palisade_tests::wait::until("the first token at the proxy", ELECTION_TIMEOUT, || async {
-            cluster
-                .proxy_fence(DEFAULT_SCOPE)
-                .await
-                .filter(|&f| f == old)
-        })
-        .await;
+    let fence = wait::poll(ELECTION_TIMEOUT, || async {
+        cluster
+            .proxy_fence(DEFAULT_SCOPE)
+            .await
+            .filter(|&f| f == old)
+    })
+    .await
+    .expect("timed out waiting for the first token at the proxy");
     assert_eq!(fence, old);
     assert_eq!(
         put(&cluster.proxy.url("/ledger/1"), old, "first")
@@ -60,13 +61,14 @@ async fn new_leader_fences_the_proxy_without_writing() {
         .expect("a new leader while the old one is paused");
     let new = next.token.unwrap();
     assert!(new > old, "terms only grow: {new} > {old}");
-    palisade_tests::wait::until("the new token at the proxy", ELECTION_TIMEOUT, || async {
+    wait::poll(ELECTION_TIMEOUT, || async {
         cluster
             .proxy_fence(DEFAULT_SCOPE)
             .await
             .filter(|&f| f == new)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the new token at the proxy");
     let listing = send(Method::GET, &cluster.proxy.url("/ledger/?list"), &[], "")
         .await
         .json();
@@ -90,15 +92,12 @@ async fn new_leader_fences_the_proxy_without_writing() {
     );
 
     // The resumed node learns the new term and reports no token.
-    palisade_tests::wait::until(
-        "the old leader to follow the new term",
-        ELECTION_TIMEOUT,
-        || async {
-            paused
-                .leadership()
-                .await
-                .filter(|l| l.term >= new && l.token.is_none())
-        },
-    )
-    .await;
+    wait::poll(ELECTION_TIMEOUT, || async {
+        paused
+            .leadership()
+            .await
+            .filter(|l| l.term >= new && l.token.is_none())
+    })
+    .await
+    .expect("timed out waiting for the old leader to follow the new term");
 }

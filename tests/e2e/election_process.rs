@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use nix::sys::signal::Signal;
 use palisade_client::NodeApi;
+use palisade_cluster::wait;
 use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec};
 use palisade_protocol::{DEFAULT_SCOPE, LeaderView, Role};
 use palisade_tests::process::start_cluster;
-use palisade_tests::wait::until;
 
 /// Generous deadline for anything that takes a few election timeouts.
 const SETTLE: Duration = Duration::from_secs(15);
@@ -31,7 +31,9 @@ fn start(dir: &std::path::Path) -> Cluster {
 }
 
 async fn settled(c: &Cluster, ids: &[u64], what: &str) -> LeaderView {
-    until(what, SETTLE, || c.settled_leader(ids)).await
+    wait::poll(SETTLE, || c.settled_leader(ids))
+        .await
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
 }
 
 /// The API client of node `id`.
@@ -76,13 +78,14 @@ async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
     let paused = c.node(old.node_id).unwrap();
     paused.guard.pause().unwrap();
     let stopped_at = Instant::now();
-    let new = until("a new established leader", SETTLE, || async {
+    let new = wait::poll(SETTLE, || async {
         c.leaderships()
             .await
             .into_values()
             .find(|v| v.node_id != old.node_id && v.token.is_some_and(|t| t > old.term))
     })
-    .await;
+    .await
+    .expect("timed out waiting for a new established leader");
     eprintln!(
         "SIGSTOP to new established leader: {:?} (--tick-ms 20)",
         stopped_at.elapsed()
@@ -90,7 +93,7 @@ async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
     assert_eq!(new.token, Some(new.term));
 
     paused.guard.resume().unwrap();
-    let resumed = until("the old leader to follow the new term", SETTLE, || async {
+    let resumed = wait::poll(SETTLE, || async {
         paused.leadership().await.filter(|v| {
             v.role == Role::Follower
                 && v.term >= new.term
@@ -98,7 +101,8 @@ async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
                 && (v.leader_id.is_some() || v.term > new.term)
         })
     })
-    .await;
+    .await
+    .expect("timed out waiting for the old leader to follow the new term");
     if resumed.term == new.term {
         assert_eq!(
             resumed.leader_id,
@@ -135,7 +139,9 @@ async fn killed_nodes_restart_with_their_term() {
     }
     for (id, view) in terms {
         let node = c.node(id).unwrap();
-        let first = until("the restarted node to answer", SETTLE, || node.leadership()).await;
+        let first = wait::poll(SETTLE, || node.leadership())
+            .await
+            .expect("timed out waiting for the restarted node to answer");
         assert!(
             first.term >= view.term,
             "node {id} restarted at term {} after reaching term {}",
@@ -241,10 +247,11 @@ async fn long_poll_answers_on_term_change_or_timeout() {
     // raft may refuse or abandon a transfer (409), as it did once to a follower still
     // catching up just after the first election; the term change is what matters here,
     // so the leader is asked again until one goes through.
-    until("the leader to hand over", RESIGN_WITHIN, || async {
+    wait::poll(RESIGN_WITHIN, || async {
         api(&c, leader.node_id).resign().await.ok()
     })
-    .await;
+    .await
+    .expect("timed out waiting for the leader to hand over");
     let (elapsed, view) = poll.await.unwrap();
     let view = view.unwrap();
     assert!(view.term > leader.term, "{view:?}");

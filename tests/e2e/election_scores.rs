@@ -10,11 +10,11 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
+use palisade_cluster::wait::{self, POLL};
 use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, NodeHost};
 use palisade_protocol::process::events;
 use palisade_protocol::{LeaderView, Role};
 use palisade_tests::process::start_cluster;
-use palisade_tests::wait::{POLL, until};
 
 /// Generous deadline for anything that takes a few election timeouts.
 const SETTLE: Duration = Duration::from_secs(15);
@@ -61,12 +61,14 @@ fn start_scored(dir: &std::path::Path, scores: &[f64]) -> Cluster {
 }
 
 async fn settled(c: &Cluster, ids: &[u64], what: &str) -> LeaderView {
-    until(what, SETTLE, || c.settled_leader(ids)).await
+    wait::poll(SETTLE, || c.settled_leader(ids))
+        .await
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
 }
 
 /// The established leader above `term` among `ids` (asking only them).
 async fn leader_above(c: &Cluster, ids: &[u64], term: u64, what: &str) -> LeaderView {
-    until(what, SETTLE, || async {
+    wait::poll(SETTLE, || async {
         for &id in ids {
             if let Some(v) = c.node(id).unwrap().leadership().await
                 && v.role == Role::Leader
@@ -78,6 +80,7 @@ async fn leader_above(c: &Cluster, ids: &[u64], term: u64, what: &str) -> Leader
         None
     })
     .await
+    .unwrap_or_else(|| panic!("timed out waiting for {what}"))
 }
 
 /// Node `id`'s score as `view` shows it.
@@ -111,14 +114,15 @@ async fn best_node_leads_next_best_takes_over_and_leadership_returns_after_the_h
         first.node_id, 2,
         "the highest score leads after start: {first:?}"
     );
-    let view = until("every score in the leader's view", SETTLE, || async {
+    let view = wait::poll(SETTLE, || async {
         c.node(2)
             .unwrap()
             .leadership()
             .await
             .filter(|v| v.scores.as_ref().is_some_and(|s| s.len() == 3))
     })
-    .await;
+    .await
+    .expect("timed out waiting for every score in the leader's view");
     assert_eq!(view.score_oracle.as_deref(), Some("static"));
     assert_eq!(
         [1, 2, 3].map(|id| score_of(&view, id)),
@@ -136,7 +140,7 @@ async fn best_node_leads_next_best_takes_over_and_leadership_returns_after_the_h
     let resumed_at = Instant::now();
     best.guard.resume().unwrap();
     let hold = Duration::from_millis(HOLD_MS);
-    let back = until("node 2 to lead again", SETTLE + hold, || async {
+    let back = wait::poll(SETTLE + hold, || async {
         let v = best.leadership().await;
         let answered = resumed_at.elapsed();
         let leads = v
@@ -148,7 +152,8 @@ async fn best_node_leads_next_best_takes_over_and_leadership_returns_after_the_h
         );
         v.filter(|_| leads)
     })
-    .await;
+    .await
+    .expect("timed out waiting for node 2 to lead again");
     eprintln!(
         "SIGCONT to node 2 leading again: {:?} (hold {HOLD_MS} ms)",
         resumed_at.elapsed()
@@ -215,14 +220,15 @@ async fn scores_flapping_within_the_margin_never_transfer() {
         let node = c.node_mut(2).unwrap();
         node.spec.prefix = score_prefix(score);
         node.restart().unwrap();
-        until("the leader to see node 2's new score", SETTLE, || async {
+        wait::poll(SETTLE, || async {
             c.node(1)
                 .unwrap()
                 .leadership()
                 .await
                 .filter(|v| score_of(v, 2) == Some(score))
         })
-        .await;
+        .await
+        .expect("timed out waiting for the leader to see node 2's new score");
         let seen = Instant::now();
         while seen.elapsed() < hold + Duration::from_millis(500) {
             let v = c.node(1).unwrap().leadership().await.unwrap();

@@ -19,13 +19,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use palisade_cluster::wait;
 use palisade_protocol::Problem;
 use palisade_protocol::lease::{LeaseGrant, LeaseRequest, LeaseView, UNKNOWN_PROXY};
 use palisade_protocol::{DEFAULT_SCOPE, Scope};
 use palisade_tests::client::put;
 use palisade_tests::process::{ProxyProcess, start_proxy};
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait::until;
 
 /// The lease the fake cluster grants. Short, so that expiry tests are quick.
 const LEASE_MS: u64 = 600;
@@ -218,11 +218,12 @@ async fn unreachable_cluster_turns_writes_to_503_and_back() {
 
     cluster.set(|s| s.stalled = true);
     let stalled = Instant::now();
-    let refused = until("a 503 lease-expired", WAIT, || async {
+    let refused = wait::poll(WAIT, || async {
         let answer = put(&proxy.url("/k"), 3, "x").await;
         (answer.status == StatusCode::SERVICE_UNAVAILABLE).then_some(answer)
     })
-    .await;
+    .await
+    .expect("timed out waiting for a 503 lease-expired");
     // Bound: the lease (600 ms) plus one renewal wait (1 s default) plus slack for the
     // processes; the requirement is "within one lease", the rest is the refusal's wait.
     assert!(
@@ -235,10 +236,11 @@ async fn unreachable_cluster_turns_writes_to_503_and_back() {
     let forwarded = upstream.applied().len();
 
     cluster.set(|s| s.stalled = false);
-    until("writes admitted again", WAIT, || async {
+    wait::poll(WAIT, || async {
         (put(&proxy.url("/k"), 3, "x").await.status == StatusCode::OK).then_some(())
     })
-    .await;
+    .await
+    .expect("timed out waiting for writes admitted again");
     assert_eq!(
         upstream.applied().len(),
         forwarded + 1,
@@ -272,7 +274,7 @@ async fn unlisted_proxy_gets_no_lease() {
     );
     assert!(answer.text().contains(UNKNOWN_PROXY), "{}", answer.text());
     // The proxy's log (stderr, in `proxy-N.log` of its directory) says why.
-    let line = until("a lease-refused log line", WAIT, || async {
+    let line = wait::poll(WAIT, || async {
         std::fs::read_dir(dir.path())
             .unwrap()
             .filter_map(Result::ok)
@@ -281,7 +283,8 @@ async fn unlisted_proxy_gets_no_lease() {
             .flat_map(|text| text.lines().map(str::to_owned).collect::<Vec<_>>())
             .find(|l| l.contains("lease-refused") && l.contains(UNKNOWN_PROXY))
     })
-    .await;
+    .await
+    .expect("timed out waiting for a lease-refused log line");
     assert!(line.contains(name), "{line}");
     let view = lease_of(&proxy).await;
     assert!(!view.valid && view.failures >= 1, "{view:?}");
@@ -351,20 +354,22 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
     let a = start("a", ports[0]);
     let b = start("b", ports[1]);
 
-    let first = until("an established leader with its token", WAIT, || async {
+    let first = wait::poll(WAIT, || async {
         cluster
             .established_leader(None)
             .await
             .filter(|v| v.token.is_some())
     })
-    .await;
+    .await
+    .expect("timed out waiting for an established leader with its token");
     let t1 = first.token.unwrap();
     for proxy in [&a, &b] {
-        let answer = until("the leader's token admitted", WAIT, || async {
+        let answer = wait::poll(WAIT, || async {
             let answer = put(&proxy.url("/k"), t1, "first").await;
             (answer.status == StatusCode::OK).then_some(answer)
         })
-        .await;
+        .await
+        .expect("timed out waiting for the leader's token admitted");
         assert_eq!(answer.status, StatusCode::OK);
     }
 
@@ -401,13 +406,14 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
         .resign()
         .await
         .unwrap();
-    let second = until("a new leader's released token", WAIT, || async {
+    let second = wait::poll(WAIT, || async {
         cluster
             .established_leader(Some(first.node_id))
             .await
             .filter(|v| v.token.is_some_and(|t| t > t1))
     })
-    .await;
+    .await
+    .expect("timed out waiting for a new leader's released token");
     let t2 = second.token.unwrap();
     // The first write with the new token is admitted at once: its renewal asks every
     // node and takes the new leader's grant, whatever the old leader's state.
@@ -421,15 +427,12 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
         cluster.node(id).unwrap().guard.pause().unwrap();
     }
     let stopped = Instant::now();
-    let refused = until(
-        "a 503 lease-expired with every node stopped",
-        WAIT,
-        || async {
-            let answer = put(&a.url("/k"), t2, "while stopped").await;
-            (answer.status == StatusCode::SERVICE_UNAVAILABLE).then_some(answer)
-        },
-    )
-    .await;
+    let refused = wait::poll(WAIT, || async {
+        let answer = put(&a.url("/k"), t2, "while stopped").await;
+        (answer.status == StatusCode::SERVICE_UNAVAILABLE).then_some(answer)
+    })
+    .await
+    .expect("timed out waiting for a 503 lease-expired with every node stopped");
     let took = stopped.elapsed();
     assert_eq!(refused.problem().unwrap().kind(), "lease-expired");
     // The requirement: within one lease; plus the refused write's own renewal wait (1 s
@@ -441,11 +444,12 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
     for id in cluster.ids() {
         cluster.node(id).unwrap().guard.resume().unwrap();
     }
-    until("writes admitted again after SIGCONT", WAIT, || async {
+    wait::poll(WAIT, || async {
         let token = cluster.established_leader(None).await?.token?;
         (put(&a.url("/k"), token, "after").await.status == StatusCode::OK).then_some(())
     })
-    .await;
+    .await
+    .expect("timed out waiting for writes admitted again after SIGCONT");
     let tokens: Vec<u64> = upstream
         .applied()
         .into_iter()

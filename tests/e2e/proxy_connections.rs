@@ -9,11 +9,12 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use palisade_cluster::wait;
 use palisade_cluster::{ClusterOptions, ClusterSpec};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_tests::client::send;
+use palisade_tests::fixtures::write_config;
 use palisade_tests::process::{start_cluster, start_proxy};
-use palisade_tests::wait;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
@@ -37,12 +38,6 @@ const TEST_FDS_NEEDED: u64 = 4_096;
 /// reconnect closes another idle flood connection) does not take the machine's two cores
 /// from the cluster under test.
 const FLOOD_RECONNECT_PACE_MS: u64 = 50;
-
-fn write_config(dir: &std::path::Path, text: &str) -> String {
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
 
 /// Raises this process's soft file-descriptor limit to `needed` if it is below, within
 /// the hard limit; panics if the hard limit is too small for the test. (nix's `resource`
@@ -136,15 +131,12 @@ async fn idle_flood_on_the_data_port_does_not_lock_out_a_new_client() {
         idle.push(TcpStream::connect(proxy.addr).await.unwrap());
     }
     let over = f64::from(DATA_FLOOD_CONNECTIONS - DATA_CONNECTIONS_MAX_DEFAULT);
-    let before = wait::until(
-        "the proxy to accept the whole flood",
-        Duration::from_secs(30),
-        || async {
-            let evicted = closes(proxy.admin, "client", "evicted-idle").await;
-            (evicted >= over).then_some(evicted)
-        },
-    )
-    .await;
+    let before = wait::poll(Duration::from_secs(30), || async {
+        let evicted = closes(proxy.admin, "client", "evicted-idle").await;
+        (evicted >= over).then_some(evicted)
+    })
+    .await
+    .expect("timed out waiting for the proxy to accept the whole flood");
 
     let started = Instant::now();
     let status = fresh_request(proxy.addr, "/connections/probe").await;
@@ -224,12 +216,11 @@ async fn silent_connection_is_closed_at_the_header_timeout_from_accept() {
             "sending {what}: closed after {elapsed:?}, before its 500 ms header timeout"
         );
     }
-    wait::until(
-        "the header-timeout closes to be counted",
-        Duration::from_secs(5),
-        || async { (closes(proxy.admin, "client", "header-timeout").await >= 3.0).then_some(()) },
-    )
-    .await;
+    wait::poll(Duration::from_secs(5), || async {
+        (closes(proxy.admin, "client", "header-timeout").await >= 3.0).then_some(())
+    })
+    .await
+    .expect("timed out waiting for the header-timeout closes to be counted");
 }
 
 /// Goal: a client that stops reading its response loses its connection at the write
@@ -289,12 +280,11 @@ async fn client_that_stops_reading_is_closed_at_the_write_timeout() {
         sent < BODY_BYTES,
         "the upstream's connection was dropped before the whole body"
     );
-    wait::until(
-        "the write-timeout close to be counted",
-        Duration::from_secs(5),
-        || async { (closes(proxy.admin, "client", "write-timeout").await >= 1.0).then_some(()) },
-    )
-    .await;
+    wait::poll(Duration::from_secs(5), || async {
+        (closes(proxy.admin, "client", "write-timeout").await >= 1.0).then_some(())
+    })
+    .await
+    .expect("timed out waiting for the write-timeout close to be counted");
     drop(client);
 }
 
@@ -353,20 +343,20 @@ async fn idle_flood_on_the_admin_port_does_not_delay_the_announce() {
         .await
         .expect("a first leader");
     let old = first.token.unwrap();
-    wait::until("the first token at the proxy", ELECTION_TIMEOUT, || async {
+    wait::poll(ELECTION_TIMEOUT, || async {
         cluster
             .proxy_fence(DEFAULT_SCOPE)
             .await
             .filter(|&f| f == old)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the first token at the proxy");
     // The flood is at the admin port's limit before the election starts.
-    wait::until(
-        "the admin flood to be met by evictions",
-        ELECTION_TIMEOUT,
-        || async { (closes(admin, "admin", "evicted-idle").await >= 1.0).then_some(()) },
-    )
-    .await;
+    wait::poll(ELECTION_TIMEOUT, || async {
+        (closes(admin, "admin", "evicted-idle").await >= 1.0).then_some(())
+    })
+    .await
+    .expect("timed out waiting for the admin flood to be met by evictions");
 
     let paused = cluster.node(first.node_id).unwrap();
     paused.guard.pause().unwrap();
@@ -375,28 +365,26 @@ async fn idle_flood_on_the_admin_port_does_not_delay_the_announce() {
         .iter()
         .filter(|n| n.id() != first.node_id)
         .collect();
-    let (new, seen_at) = wait::until(
-        "a new leader's token in its leader view",
-        ELECTION_TIMEOUT,
-        || async {
-            for node in &others {
-                if let Some(token) = node.leadership().await.and_then(|l| l.token)
-                    && token > old
-                {
-                    return Some((token, Instant::now()));
-                }
+    let (new, seen_at) = wait::poll(ELECTION_TIMEOUT, || async {
+        for node in &others {
+            if let Some(token) = node.leadership().await.and_then(|l| l.token)
+                && token > old
+            {
+                return Some((token, Instant::now()));
             }
-            None
-        },
-    )
-    .await;
-    wait::until("the new token at the proxy", ELECTION_TIMEOUT, || async {
+        }
+        None
+    })
+    .await
+    .expect("timed out waiting for a new leader's token in its leader view");
+    wait::poll(ELECTION_TIMEOUT, || async {
         cluster
             .proxy_fence(DEFAULT_SCOPE)
             .await
             .filter(|&f| f >= new)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the new token at the proxy");
     let elapsed = seen_at.elapsed();
     paused.guard.resume().unwrap();
     eprintln!(

@@ -13,10 +13,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use palisade_cluster::wait;
 use palisade_tests::client::send;
 use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
@@ -27,12 +27,6 @@ const HELD_CONNECTIONS: usize = 50;
 const PARKED_WITHIN: Duration = Duration::from_secs(20);
 /// Bound for any one answer or close the tests read.
 const READ_WITHIN: Duration = Duration::from_secs(10);
-
-fn write_config(dir: &std::path::Path, text: &str) -> String {
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
 
 /// The sum of the samples of metric `name` whose labels include every one of `labels`,
 /// in the proxy's metrics page; 0 when absent.
@@ -64,15 +58,12 @@ async fn parked(admin: SocketAddr) -> f64 {
 
 /// Waits until the proxy has parked at least `count` client connections.
 async fn wait_parked(admin: SocketAddr, count: usize) {
-    wait::until(
-        &format!("{count} connections to be parked"),
-        PARKED_WITHIN,
-        || async {
-            #[allow(clippy::cast_precision_loss)]
-            (parked(admin).await >= count as f64).then_some(())
-        },
-    )
-    .await;
+    wait::poll(PARKED_WITHIN, || async {
+        #[allow(clippy::cast_precision_loss)]
+        (parked(admin).await >= count as f64).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("timed out waiting for {count} connections to be parked"));
 }
 
 /// Sends one keep-alive GET of `path` on `stream` and reads its answer: the status line.
@@ -199,15 +190,11 @@ async fn parked_connection_is_closed_at_the_keepalive_timeout() {
     const COUNT: usize = 5;
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = write_config(
+    let (_upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
         dir.path(),
         "[limits]\nheader_read_timeout_ms = 2000\nkeepalive_timeout_ms = 4000\n",
-    );
-    let proxy = start_proxy(
-        dir.path(),
-        &["--upstream", &upstream.url(), "--config", &config],
-    );
+    )
+    .await;
     let mut held = served_connections(proxy.addr, COUNT).await;
     wait_parked(proxy.admin, COUNT).await;
     for (i, stream) in held.iter_mut().enumerate() {
@@ -227,15 +214,12 @@ async fn parked_connection_is_closed_at_the_keepalive_timeout() {
             .await
         }
     };
-    wait::until(
-        "the keep-alive closes to be counted",
-        Duration::from_secs(5),
-        || async {
-            #[allow(clippy::cast_precision_loss)]
-            (closes("keepalive-timeout").await >= COUNT as f64).then_some(())
-        },
-    )
-    .await;
+    wait::poll(Duration::from_secs(5), || async {
+        #[allow(clippy::cast_precision_loss)]
+        (closes("keepalive-timeout").await >= COUNT as f64).then_some(())
+    })
+    .await
+    .expect("timed out waiting for the keep-alive closes to be counted");
     assert!(
         closes("header-timeout").await < 0.5,
         "no idle keep-alive connection was closed by a header timer"
@@ -255,15 +239,11 @@ async fn parked_connection_woken_by_a_partial_head_is_closed_at_the_header_timeo
     const COUNT: usize = 3;
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = write_config(
+    let (_upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
         dir.path(),
         "[limits]\nheader_read_timeout_ms = 2000\nkeepalive_timeout_ms = 60000\n",
-    );
-    let proxy = start_proxy(
-        dir.path(),
-        &["--upstream", &upstream.url(), "--config", &config],
-    );
+    )
+    .await;
     let mut held = served_connections(proxy.addr, COUNT).await;
     wait_parked(proxy.admin, COUNT).await;
     for stream in &mut held {
@@ -312,15 +292,11 @@ async fn eviction_at_the_connection_limit_takes_parked_connections_oldest_first(
     const NEW: usize = 3;
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = write_config(
+    let (_upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
         dir.path(),
         &format!("[limits]\nconnections_max = {LIMIT}\n"),
-    );
-    let proxy = start_proxy(
-        dir.path(),
-        &["--upstream", &upstream.url(), "--config", &config],
-    );
+    )
+    .await;
     let mut held = Vec::new();
     for i in 0..LIMIT {
         let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
@@ -369,35 +345,17 @@ async fn eviction_at_the_connection_limit_takes_parked_connections_oldest_first(
 
 /// Goal: a parked TLS connection (HTTP/1.1 by ALPN) is served again: the client's next
 /// request, read through TLS to wake the connection, reaches hyper whole.
-/// Method: a proxy with a generated certificate; 5 TLS connections send one GET each;
+/// Method: a proxy with a certificate of a CA issued in the test; 5 TLS connections send one GET each;
 /// wait until parked; each sends a second GET and must read 200.
 #[tokio::test]
 async fn parked_tls_connection_serves_its_next_request() {
     const COUNT: usize = 5;
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let cert_path = dir.path().join("cert.pem");
-    let key_path = dir.path().join("key.pem");
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
     let upstream = RecordingUpstream::start().await;
-    let proxy = start_proxy(
-        dir.path(),
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--tls-cert",
-            cert_path.to_str().unwrap(),
-            "--tls-key",
-            key_path.to_str().unwrap(),
-        ],
-    );
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.cert.der().clone()).unwrap();
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let (proxy, pki) =
+        palisade_tests::fixtures::tls_proxy(dir.path(), &["--upstream", &upstream.url()]);
+    let mut config = pki.client_config(None).unwrap();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();

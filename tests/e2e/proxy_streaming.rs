@@ -17,11 +17,12 @@ use http::{Method, Request, StatusCode, Version};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use palisade_cluster::wait;
 use palisade_protocol::headers::FENCING_TOKEN;
 use palisade_tests::client::{put, send};
+use palisade_tests::fixtures::write_config;
 use palisade_tests::process::{ProxyProcess, start_proxy};
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait;
 
 const MIB: usize = 1024 * 1024;
 /// MiB blocks of the large upload: 1 GiB.
@@ -30,12 +31,6 @@ const BLOCKS: u64 = 1024;
 const CONNECTIONS: usize = 60;
 /// Body bytes each of them sends (of the 16 MiB it declares).
 const SENT: usize = 15 * MIB;
-
-fn write_config(dir: &std::path::Path, text: &str) -> String {
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
 
 /// A field of the proxy's `/proc/PID/status` in bytes (`VmRSS`, `VmHWM`).
 fn proc_status_bytes(proxy: &ProxyProcess, field: &str) -> u64 {
@@ -65,6 +60,35 @@ fn read_until(stream: &mut TcpStream, pattern: &str, timeout: Duration) -> Strin
         }
     }
     String::from_utf8_lossy(&seen).into_owned()
+}
+
+/// PUTs 2 KiB to `path` with a declared length and `token`, through a proxy whose
+/// `limit` (a config key) is 1 KiB; asserts it is refused with 413 naming the limit.
+async fn put_declared_over_the_limit(proxy: &ProxyProcess, path: &str, token: u64, limit: &str) {
+    let big = put(&proxy.url(path), token, vec![b'x'; 2048]).await;
+    assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(big.text().contains(limit), "{}", big.text());
+}
+
+/// PUTs 1600 bytes to `path` chunked (so the length is known only once it crosses) with
+/// token 1, through a proxy whose `limit` (a config key) is 1 KiB; asserts the raw answer
+/// is a 413 (read until it names the limit).
+async fn put_chunked_over_the_limit(proxy: &ProxyProcess, path: &str, limit: &str) {
+    let chunk = "y".repeat(800);
+    let chunked = format!(
+        "PUT {path} HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len(),
+        chunk.len()
+    );
+    let (addr, limit) = (proxy.addr, limit.to_owned());
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream.write_all(chunked.as_bytes()).unwrap();
+        read_until(&mut stream, &limit, Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 }
 
 /// The `i`-th MiB of the generated upload: a fixed block with its index written in, so
@@ -164,12 +188,11 @@ async fn sixty_unfinished_15_mib_bodies_stay_under_128_mib_rss_and_recover() {
             .collect::<Vec<TcpStream>>()
     });
     let total = (CONNECTIONS * SENT) as u64;
-    wait::until(
-        "every sent body byte to reach the upstream",
-        Duration::from_secs(120),
-        || async { (upstream.body_bytes() >= total).then_some(()) },
-    )
-    .await;
+    wait::poll(Duration::from_secs(120), || async {
+        (upstream.body_bytes() >= total).then_some(())
+    })
+    .await
+    .expect("timed out waiting for every sent body byte to reach the upstream");
     let streams = senders.await.unwrap();
     let rss = proc_status_bytes(&proxy, "VmRSS");
     eprintln!(
@@ -184,12 +207,11 @@ async fn sixty_unfinished_15_mib_bodies_stay_under_128_mib_rss_and_recover() {
     assert!(upstream.applied().is_empty(), "no body was complete");
 
     drop(streams);
-    wait::until(
-        "the 60 broken bodies to fail at the upstream",
-        Duration::from_secs(30),
-        || async { (upstream.aborted() >= CONNECTIONS as u64).then_some(()) },
-    )
-    .await;
+    wait::poll(Duration::from_secs(30), || async {
+        (upstream.aborted() >= CONNECTIONS as u64).then_some(())
+    })
+    .await
+    .expect("timed out waiting for the 60 broken bodies to fail at the upstream");
     let higher = put(&proxy.url("/flood"), 2, b"after").await;
     assert_eq!(
         higher.status,
@@ -413,12 +435,11 @@ async fn forged_forwarded_for_is_replaced_and_a_trusted_one_appended_to() {
 async fn idle_body_is_cut_off_with_408_and_releases_its_scope() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = write_config(dir.path(), "[limits]\nbody_idle_timeout_ms = 300\n");
-    let proxy = start_proxy(
+    let (upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
         dir.path(),
-        &["--upstream", &upstream.url(), "--config", &config],
-    );
+        "[limits]\nbody_idle_timeout_ms = 300\n",
+    )
+    .await;
     let addr = proxy.addr;
     let stall = |declared: u64| {
         tokio::task::spawn_blocking(move || {
@@ -444,12 +465,11 @@ async fn idle_body_is_cut_off_with_408_and_releases_its_scope() {
 
     let answer = stall(100_000).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    wait::until(
-        "the cut-off body to fail at the upstream",
-        Duration::from_secs(10),
-        || async { (upstream.aborted() == 1).then_some(()) },
-    )
-    .await;
+    wait::poll(Duration::from_secs(10), || async {
+        (upstream.aborted() == 1).then_some(())
+    })
+    .await
+    .expect("timed out waiting for the cut-off body to fail at the upstream");
     assert!(upstream.applied().is_empty());
     assert_eq!(
         put(&proxy.url("/slow"), 2, b"next").await.status,
@@ -466,41 +486,16 @@ async fn idle_body_is_cut_off_with_408_and_releases_its_scope() {
 async fn body_over_the_operator_cap_is_413() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = write_config(dir.path(), "[limits]\nbody_bytes_max = 1024\n");
-    let proxy = start_proxy(
+    let (upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
         dir.path(),
-        &["--upstream", &upstream.url(), "--config", &config],
-    );
-    let big = put(&proxy.url("/c"), 7, vec![b'x'; 2048]).await;
-    assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(
-        big.text().contains("limits.body_bytes_max"),
-        "{}",
-        big.text()
-    );
+        "[limits]\nbody_bytes_max = 1024\n",
+    )
+    .await;
+    put_declared_over_the_limit(&proxy, "/c", 7, "limits.body_bytes_max").await;
     assert!(upstream.arrived().is_empty());
     assert_eq!(upstream.body_bytes(), 0);
 
-    let chunk = "y".repeat(800);
-    let chunked = format!(
-        "PUT /c HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
-        chunk.len(),
-        chunk.len()
-    );
-    let addr = proxy.addr;
-    let answer = tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(addr).unwrap();
-        stream.write_all(chunked.as_bytes()).unwrap();
-        read_until(
-            &mut stream,
-            "limits.body_bytes_max",
-            Duration::from_secs(10),
-        )
-    })
-    .await
-    .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    put_chunked_over_the_limit(&proxy, "/c", "limits.body_bytes_max").await;
     assert!(
         upstream.applied().is_empty(),
         "a cut-off body is never applied"
@@ -610,15 +605,12 @@ async fn upgrade_on_an_allowed_route_is_tunnelled_and_holds_its_scope() {
     );
     tunnel.shutdown(std::net::Shutdown::Both).unwrap();
     drop(tunnel);
-    let status = wait::until(
-        "the closed tunnel to release its scope",
-        Duration::from_secs(10),
-        || async {
-            let answer = put(&proxy.url("/ws"), 2, b"x").await;
-            (answer.status != StatusCode::SERVICE_UNAVAILABLE).then_some(answer.status)
-        },
-    )
-    .await;
+    let status = wait::poll(Duration::from_secs(10), || async {
+        let answer = put(&proxy.url("/ws"), 2, b"x").await;
+        (answer.status != StatusCode::SERVICE_UNAVAILABLE).then_some(answer.status)
+    })
+    .await
+    .expect("timed out waiting for the closed tunnel to release its scope");
     assert_eq!(status, StatusCode::OK);
 }
 
@@ -711,33 +703,8 @@ async fn embedded_store_refuses_bodies_over_its_object_limit_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "[limits]\nobject_bytes_max = 1024\n");
     let proxy = start_proxy(dir.path(), &["--config", &config]);
-    let big = put(&proxy.url("/obj"), 1, vec![b'x'; 2048]).await;
-    assert_eq!(big.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(
-        big.text().contains("limits.object_bytes_max"),
-        "{}",
-        big.text()
-    );
-
-    let chunk = "y".repeat(800);
-    let chunked = format!(
-        "PUT /obj HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
-        chunk.len(),
-        chunk.len()
-    );
-    let addr = proxy.addr;
-    let answer = tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(addr).unwrap();
-        stream.write_all(chunked.as_bytes()).unwrap();
-        read_until(
-            &mut stream,
-            "limits.object_bytes_max",
-            Duration::from_secs(10),
-        )
-    })
-    .await
-    .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    put_declared_over_the_limit(&proxy, "/obj", 1, "limits.object_bytes_max").await;
+    put_chunked_over_the_limit(&proxy, "/obj", "limits.object_bytes_max").await;
     let read = send(Method::GET, &proxy.url("/obj"), &[], b"").await;
     assert_eq!(read.status, StatusCode::NOT_FOUND, "nothing was stored");
 }

@@ -10,19 +10,13 @@ use http::{Method, Request, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use palisade_cluster::{Pki, wait};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::headers::FENCING_TOKEN;
 use palisade_tests::client::{put, send};
 use palisade_tests::fixtures::admin;
 use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait;
-
-fn write_config(dir: &std::path::Path, text: &str) -> String {
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
 
 /// Sends raw bytes on a fresh connection and returns everything the proxy answers until
 /// it closes the connection or `timeout` passes.
@@ -43,12 +37,11 @@ fn raw_exchange(addr: std::net::SocketAddr, request: &[u8], timeout: Duration) -
 async fn oversize_body_gets_413_and_is_not_forwarded() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = write_config(dir.path(), "[limits]\nbody_bytes_max = 1024\n");
-    let proxy = start_proxy(
+    let (upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
         dir.path(),
-        &["--upstream", &upstream.url(), "--config", &config],
-    );
+        "[limits]\nbody_bytes_max = 1024\n",
+    )
+    .await;
 
     assert_eq!(
         put(&proxy.url("/k"), 1, &"x".repeat(1024)).await.status,
@@ -105,12 +98,11 @@ async fn oversize_headers_get_431() {
 async fn slow_headers_time_out() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let upstream = RecordingUpstream::start().await;
-    let config = write_config(dir.path(), "[limits]\nheader_read_timeout_ms = 500\n");
-    let proxy = start_proxy(
+    let (upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
         dir.path(),
-        &["--upstream", &upstream.url(), "--config", &config],
-    );
+        "[limits]\nheader_read_timeout_ms = 500\n",
+    )
+    .await;
 
     let started = Instant::now();
     let addr = proxy.addr;
@@ -175,32 +167,14 @@ async fn h2c_clients_are_served() {
 }
 
 /// Goal: the TLS listener serves h2 (offered by ALPN) with a certificate from PEM files,
-/// and does not serve cleartext. Method: a certificate made in the test, a client that
-/// trusts it; PUT, GET; then a cleartext GET.
+/// and does not serve cleartext. Method: a certificate of a CA issued in the test, a
+/// client that trusts the CA; PUT, GET; then a cleartext GET.
 #[tokio::test]
 async fn tls_listener_serves_with_a_generated_certificate() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let cert_path = dir.path().join("cert.pem");
-    let key_path = dir.path().join("key.pem");
-    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
-    std::fs::write(&key_path, cert.key_pair.serialize_pem()).unwrap();
-    let proxy = start_proxy(
-        dir.path(),
-        &[
-            "--tls-cert",
-            cert_path.to_str().unwrap(),
-            "--tls-key",
-            key_path.to_str().unwrap(),
-        ],
-    );
-
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert.cert.der().clone()).unwrap();
-    let tls = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let (proxy, pki) = palisade_tests::fixtures::tls_proxy(dir.path(), &[]);
+    let tls = pki.client_config(None).unwrap();
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only()
@@ -258,24 +232,22 @@ pub(crate) async fn sigterm_finishes_the_request_in_flight(extra: &[&str]) {
     upstream.hold("/slow");
     let url = proxy.url("/slow");
     let in_flight = tokio::spawn(async move { put(&url, 1, "finish me").await });
-    wait::until(
-        "the write to reach the upstream",
-        Duration::from_secs(10),
-        || async { (!upstream.arrived().is_empty()).then_some(()) },
-    )
-    .await;
+    wait::poll(Duration::from_secs(10), || async {
+        (!upstream.arrived().is_empty()).then_some(())
+    })
+    .await
+    .expect("timed out waiting for the write to reach the upstream");
 
     proxy
         .guard
         .signal(nix::sys::signal::Signal::SIGTERM)
         .unwrap();
     let addr = proxy.addr;
-    wait::until(
-        "the proxy to stop accepting",
-        Duration::from_secs(10),
-        || async { TcpStream::connect(addr).is_err().then_some(()) },
-    )
-    .await;
+    wait::poll(Duration::from_secs(10), || async {
+        TcpStream::connect(addr).is_err().then_some(())
+    })
+    .await
+    .expect("timed out waiting for the proxy to stop accepting");
     upstream.release("/slow");
     let answer = in_flight.await.unwrap();
     assert_eq!(
@@ -300,10 +272,9 @@ pub(crate) async fn sigterm_finishes_the_request_in_flight(extra: &[&str]) {
 async fn https_upstream_is_trusted_through_the_configured_ca_bundle() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let ca_path = dir.path().join("upstream-ca.pem");
-    std::fs::write(&ca_path, cert.cert.pem()).unwrap();
-    let (addr, seen) = tls_upstream(cert).await;
+    let pki = Pki::issue(&dir.path().join("upstream-pki"), &["upstream"]).unwrap();
+    let ca_path = pki.ca();
+    let (addr, seen) = tls_upstream(&pki).await;
     let upstream = format!("https://localhost:{}", addr.port());
 
     let proxy = start_proxy(
@@ -337,7 +308,7 @@ async fn https_upstream_is_trusted_through_the_configured_ca_bundle() {
 
 /// A minimal HTTPS upstream on a free port that records each request's `Fencing-Token`.
 async fn tls_upstream(
-    cert: rcgen::CertifiedKey,
+    pki: &Pki,
 ) -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::Mutex<Vec<Option<String>>>>,
@@ -345,14 +316,8 @@ async fn tls_upstream(
     use hyper::service::service_fn;
     use hyper_util::rt::TokioIo;
     use hyper_util::server::conn::auto;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()));
-    let chain = vec![CertificateDer::from(cert.cert.der().to_vec())];
-    let mut config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .unwrap();
+    let mut config = pki.server_config("upstream").unwrap();
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

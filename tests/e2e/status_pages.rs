@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use http::StatusCode;
+use palisade_cluster::wait;
 use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_tests::client::put;
@@ -50,13 +51,14 @@ pub(crate) async fn stale_write_cluster(dir: &Path, proxy_flags: Vec<String>) ->
         .await
         .expect("a first leader");
     let old = first.token.unwrap();
-    palisade_tests::wait::until("the first token at the proxy", ELECTION_TIMEOUT, || async {
+    wait::poll(ELECTION_TIMEOUT, || async {
         cluster
             .proxy_fence(DEFAULT_SCOPE)
             .await
             .filter(|&f| f == old)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the first token at the proxy");
     let ok = put(&cluster.proxy.url("/ledger/1"), old, "first").await;
     assert_eq!(ok.status, StatusCode::OK);
 
@@ -67,13 +69,14 @@ pub(crate) async fn stale_write_cluster(dir: &Path, proxy_flags: Vec<String>) ->
         .await
         .expect("a new leader while the old one is paused");
     let new = next.token.unwrap();
-    palisade_tests::wait::until("the new token at the proxy", ELECTION_TIMEOUT, || async {
+    wait::poll(ELECTION_TIMEOUT, || async {
         cluster
             .proxy_fence(DEFAULT_SCOPE)
             .await
             .filter(|&f| f == new)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the new token at the proxy");
     paused.guard.resume().unwrap();
     let stale = put(
         &cluster.proxy.url("/ledger/2"),
@@ -84,16 +87,13 @@ pub(crate) async fn stale_write_cluster(dir: &Path, proxy_flags: Vec<String>) ->
     assert_eq!(stale.status, StatusCode::CONFLICT);
     // Every node, the resumed one included, follows the new leader before a page is read.
     for node in &cluster.nodes {
-        palisade_tests::wait::until(
-            "every node to follow the new leader",
-            ELECTION_TIMEOUT,
-            || async {
-                node.leadership()
-                    .await
-                    .filter(|l| l.term == new && l.leader_id == Some(next.node_id))
-            },
-        )
-        .await;
+        wait::poll(ELECTION_TIMEOUT, || async {
+            node.leadership()
+                .await
+                .filter(|l| l.term == new && l.leader_id == Some(next.node_id))
+        })
+        .await
+        .expect("timed out waiting for every node to follow the new leader");
     }
     AfterStaleWrite {
         old_leader: first.node_id,

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use http::Method;
 use palisade_client::NodeApi;
+use palisade_cluster::wait::{self, poll};
 use palisade_cluster::{ClusterOptions, ClusterSpec, LeaderView, NodeProcess, NodeSpec, free_port};
 use palisade_tests::client::send;
 use palisade_tests::peer_wire::{
@@ -19,7 +20,6 @@ use palisade_tests::peer_wire::{
 };
 use palisade_tests::process::start_cluster;
 use palisade_tests::trust::Certs;
-use palisade_tests::wait::{poll, until};
 
 /// Generous bound for a cluster to settle on a loaded 2-core machine.
 const SETTLE: Duration = Duration::from_secs(20);
@@ -103,16 +103,17 @@ async fn forged_peer_frames_leave_every_node_running_at_its_term() {
     };
     let mut cluster = start_cluster(dir.path(), &spec, &options);
     let ids = cluster.ids();
-    let leader = until("a settled leader", SETTLE, || cluster.settled_leader(&ids)).await;
+    let leader = wait::poll(SETTLE, || cluster.settled_leader(&ids))
+        .await
+        .expect("timed out waiting for a settled leader");
     let l = leader.node_id;
     let mut followers = ids.iter().copied().filter(|&id| id != l);
     let (f1, gone) = (followers.next().unwrap(), followers.next().unwrap());
     cluster.node_mut(gone).unwrap().kill9();
     let running = [l, f1];
-    let settled = until("the two running nodes to settle", SETTLE, || {
-        cluster.settled_leader(&running)
-    })
-    .await;
+    let settled = wait::poll(SETTLE, || cluster.settled_leader(&running))
+        .await
+        .expect("timed out waiting for the two running nodes to settle");
     let term = settled.term;
     let peers = cluster.nodes[0].spec.peers.clone();
     let stranger = 99;
@@ -195,12 +196,11 @@ async fn forged_peer_frames_leave_every_node_running_at_its_term() {
         let outcome = send_plain(peers[to], &[hello(*claimed, *to), frame.clone()].concat()).await;
         eprintln!("{what} to node {to}, as {claimed}: {outcome:?}");
         if !reason.is_empty() {
-            until(
-                &format!("node {to} to count a {reason} drop"),
-                SETTLE,
-                || async { (drops(&metrics, reason).await > before).then_some(()) },
-            )
-            .await;
+            wait::poll(SETTLE, || async {
+                (drops(&metrics, reason).await > before).then_some(())
+            })
+            .await
+            .unwrap_or_else(|| panic!("timed out waiting for node {to} to count a {reason} drop"));
         }
         stays_at(what, term, running.len(), two_alive).await;
     }
@@ -218,7 +218,7 @@ async fn forged_peer_frames_leave_every_node_running_at_its_term() {
         &[hello(gone, f1), heartbeat(gone, f1, probe, 0)].concat(),
     )
     .await;
-    until("the probe's term at the node", SETTLE, || async {
+    wait::poll(SETTLE, || async {
         cluster
             .node(f1)
             .unwrap()
@@ -226,7 +226,8 @@ async fn forged_peer_frames_leave_every_node_running_at_its_term() {
             .await
             .filter(|v| v.term >= probe)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the probe's term at the node");
 }
 
 /// Three nodes with certificates `node-1..3`, their API clients (with the `client`
@@ -306,7 +307,9 @@ async fn peers_and_the_node_api_refuse_callers_without_the_right_certificate() {
     std::fs::create_dir_all(&certs_dir).unwrap();
     let certs = Certs::generate(&certs_dir, &["node-1", "node-2", "node-3", "client"]);
     let mut secure = Secure::start(dir.path(), &certs);
-    let leader = until("a settled leader over mTLS", SETTLE, || secure.settled()).await;
+    let leader = wait::poll(SETTLE, || secure.settled())
+        .await
+        .expect("timed out waiting for a settled leader over mTLS");
     let term = leader.term;
     let probe = term + PROBE_JUMP;
 
@@ -387,12 +390,13 @@ async fn peers_and_the_node_api_refuse_callers_without_the_right_certificate() {
     )
     .await;
     eprintln!("the control: {outcome:?}");
-    until("the probe's term at node 3", SETTLE, || async {
+    wait::poll(SETTLE, || async {
         secure.apis[&3]
             .leader()
             .await
             .ok()
             .filter(|v| v.term >= probe)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the probe's term at node 3");
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderName, Method, StatusCode};
+use palisade_cluster::wait;
 use palisade_cluster::{ClusterOptions, ClusterSpec};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_PROOF, PROBLEM_JSON};
@@ -16,7 +17,6 @@ use palisade_tests::client::{Answer, send};
 use palisade_tests::process::{start_cluster, start_proxy};
 use palisade_tests::trust::{Signer, TokenKeys, encode_proof, log_events};
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait::until;
 
 /// `Fencing-Token`, in a static so that the raw requests below can borrow its name.
 static TOKEN: HeaderName = FENCING_TOKEN;
@@ -221,17 +221,14 @@ async fn the_leaders_proof_is_admitted_and_survives_an_election_only_for_the_new
             "node {id}: a proof exactly when a token"
         );
     }
-    until(
-        "the announced token at the proxy",
-        ELECTION_TIMEOUT,
-        || async {
-            cluster
-                .proxy_fence(DEFAULT_SCOPE)
-                .await
-                .filter(|&f| f == old)
-        },
-    )
-    .await;
+    wait::poll(ELECTION_TIMEOUT, || async {
+        cluster
+            .proxy_fence(DEFAULT_SCOPE)
+            .await
+            .filter(|&f| f == old)
+    })
+    .await
+    .expect("timed out waiting for the announced token at the proxy");
     let url = cluster.proxy.url("/ledger/1");
     let ok = put_proven(&url, old, &old_proof).await;
     assert_eq!(
@@ -253,13 +250,14 @@ async fn the_leaders_proof_is_admitted_and_survives_an_election_only_for_the_new
         .expect("a new leader after the resignation");
     let new = next.token.unwrap();
     let new_proof = next.proof.clone().expect("the new leader's proof");
-    until("the new token at the proxy", ELECTION_TIMEOUT, || async {
+    wait::poll(ELECTION_TIMEOUT, || async {
         cluster
             .proxy_fence(DEFAULT_SCOPE)
             .await
             .filter(|&f| f == new)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the new token at the proxy");
 
     let url = cluster.proxy.url("/ledger/2");
     let ok = put_proven(&url, new, &new_proof).await;

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use palisade_cluster::wait;
 use palisade_cluster::{Launch, ProxyProcess, spawn_launch};
 use palisade_protocol::headers;
 use palisade_protocol::process::{FAILPOINT_STOP_ENV, FailpointStop};
@@ -13,7 +14,6 @@ use palisade_tests::client::{put, try_send_within};
 use palisade_tests::process::wait_for_failpoint;
 use palisade_tests::scenario::CLIENT_FAILPOINT;
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait;
 
 /// Bound on a child reaching a failpoint or finishing.
 const STEP: Duration = Duration::from_secs(20);
@@ -113,10 +113,9 @@ async fn client_stops_before_send_until_continued() {
         i64::from(client.pid().as_raw()),
         "{line}"
     );
-    wait::until("the client to be stopped", STEP, || async {
-        client.is_stopped().then_some(())
-    })
-    .await;
+    wait::poll(STEP, || async { client.is_stopped().then_some(()) })
+        .await
+        .expect("timed out waiting for the client to be stopped");
     // Show that nothing is sent while it is stopped.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -187,10 +186,9 @@ async fn a_proxy_stopped_at_a_failpoint_is_frozen_whole() {
     let stop = wait_for_failpoint(proxy.lines(), "the proxy", STEP).await;
     assert_eq!(stop.name, "proxy-after-fence-commit");
     assert_eq!(i64::from(stop.pid), i64::from(proxy.guard.pid().as_raw()));
-    wait::until("the proxy to be stopped", STEP, || async {
-        proxy.guard.is_stopped().then_some(())
-    })
-    .await;
+    wait::poll(STEP, || async { proxy.guard.is_stopped().then_some(()) })
+        .await
+        .expect("timed out waiting for the proxy to be stopped");
     let admin = try_send_within(
         http::Method::GET,
         &proxy.admin_url(palisade_protocol::admin::HEALTHZ_PATH),

@@ -7,11 +7,11 @@
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
+use palisade_cluster::wait;
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_tests::scenario::{
     ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec, outcome_of, tagged_put,
 };
-use palisade_tests::wait;
 
 /// How long the storage takes to apply each of the old leader's writes: long enough for
 /// a leadership transfer and the new leader's write to happen meanwhile, short enough to
@@ -56,20 +56,17 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
         }));
     }
     let upstream = &s.upstream;
-    wait::until(
-        "the old writes to reach the upstream",
-        STEP_TIMEOUT,
-        || async {
-            (upstream
-                .arrived()
-                .iter()
-                .filter(|a| a.writer.as_deref() == Some("old"))
-                .count()
-                == usize::try_from(OLD_WRITES).unwrap())
-            .then_some(())
-        },
-    )
-    .await;
+    wait::poll(STEP_TIMEOUT, || async {
+        (upstream
+            .arrived()
+            .iter()
+            .filter(|a| a.writer.as_deref() == Some("old"))
+            .count()
+            == usize::try_from(OLD_WRITES).unwrap())
+        .then_some(())
+    })
+    .await
+    .expect("timed out waiting for the old writes to reach the upstream");
 
     // Leadership moves while they are in flight; the new leader writes at once, without
     // waiting for its announcement (which waits at the proxy's barrier too).
@@ -83,10 +80,11 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
         .unwrap();
     assert_eq!(resigned.from, leader.node_id);
     let new_node = s.cluster.node(resigned.to).unwrap();
-    let new_token = wait::until("the new leader's token", ELECTION_TIMEOUT, || async {
+    let new_token = wait::poll(ELECTION_TIMEOUT, || async {
         new_node.leadership().await.and_then(|l| l.token)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the new leader's token");
     assert!(new_token > old_token);
     let still_in_flight = s
         .upstream
@@ -109,13 +107,14 @@ async fn lower_token_write_in_flight_is_applied_before_the_higher_one() {
     // Once the higher token is admitted (the fence is raised before the barrier), the old
     // token is refused outright.
     let cluster = &s.cluster;
-    wait::until("the fence to reach the new token", STEP_TIMEOUT, || async {
+    wait::poll(STEP_TIMEOUT, || async {
         cluster
             .proxy_fence(DEFAULT_SCOPE)
             .await
             .filter(|&f| f >= new_token)
     })
-    .await;
+    .await
+    .expect("timed out waiting for the fence to reach the new token");
     let stale = tagged_put(
         &proxy,
         "/race/old-late",

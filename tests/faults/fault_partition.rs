@@ -7,10 +7,10 @@
 //! where the machine allows, real network namespaces with nft drop rules.
 
 use palisade_cluster::history::Outcome;
+use palisade_cluster::wait;
 use palisade_protocol::FaultSpec;
 use palisade_tests::netns::NetnsNet;
 use palisade_tests::scenario::{ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec};
-use palisade_tests::wait;
 
 /// How the old leader is cut off.
 #[derive(Clone, Copy, Debug)]
@@ -89,12 +89,11 @@ async fn old_leader_is_fenced_out(s: &mut Scenario, cut: Cut) {
     // The old leader cannot keep its token without a quorum (check-quorum).
     if !matches!(cut, Cut::Delay) {
         let node = s.cluster.node(old).unwrap();
-        wait::until(
-            "the cut-off leader to give its token up",
-            ELECTION_TIMEOUT,
-            || async { node.leadership().await.filter(|l| l.token.is_none()) },
-        )
-        .await;
+        wait::poll(ELECTION_TIMEOUT, || async {
+            node.leadership().await.filter(|l| l.token.is_none())
+        })
+        .await
+        .expect("timed out waiting for the cut-off leader to give its token up");
     }
 
     match cut {
@@ -107,18 +106,15 @@ async fn old_leader_is_fenced_out(s: &mut Scenario, cut: Cut) {
         }
     }
     let node = s.cluster.node(old).unwrap();
-    wait::until(
-        "the old leader to follow the new term",
-        ELECTION_TIMEOUT,
-        || async {
-            // Following the new leader, or already in a later term of its own.
-            node.leadership().await.filter(|l| {
-                (l.term == new_token && l.token.is_none() && l.leader_id.is_some())
-                    || l.term > new_token
-            })
-        },
-    )
-    .await;
+    wait::poll(ELECTION_TIMEOUT, || async {
+        // Following the new leader, or already in a later term of its own.
+        node.leadership().await.filter(|l| {
+            (l.term == new_token && l.token.is_none() && l.leader_id.is_some())
+                || l.term > new_token
+        })
+    })
+    .await
+    .expect("timed out waiting for the old leader to follow the new term");
     let last = s.wait_announced_leader(token, None).await.token.unwrap();
     s.pump_until("writes with the current token", STEP_TIMEOUT, |s| {
         (s.acked_with(last) >= 1).then_some(())

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use palisade_cluster::ProxyProcess;
 use palisade_cluster::history::{self, History, Op, Outcome, Recorder};
+use palisade_cluster::wait;
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::process::FAILPOINT_STOP_ENV;
 use palisade_tests::fixtures::admin;
 use palisade_tests::process::wait_for_failpoint;
 use palisade_tests::scenario::{outcome_of, tagged_put};
 use palisade_tests::upstream::RecordingUpstream;
-use palisade_tests::wait;
 
 /// The proxy's failpoints, in request order.
 const FAILPOINTS: [&str; 5] = [
@@ -95,10 +95,9 @@ async fn proxy_killed_at_each_failpoint_restarts_with_a_fence_at_least_what_reac
             let stop = wait_for_failpoint(proxy.lines(), failpoint, STEP).await;
             assert_eq!(stop.name, failpoint);
             let frozen = &proxy;
-            wait::until("the proxy to be stopped", STEP, || async {
-                frozen.guard.is_stopped().then_some(())
-            })
-            .await;
+            wait::poll(STEP, || async { frozen.guard.is_stopped().then_some(()) })
+                .await
+                .expect("timed out waiting for the proxy to be stopped");
             proxy.guard.kill9();
             kills += 1;
             let answer = doomed.await.unwrap();

@@ -23,6 +23,7 @@
 use std::time::{Duration, Instant};
 
 use palisade_cluster::history::Outcome;
+use palisade_cluster::wait;
 use palisade_cluster::{Fleet, LeaderView, Role};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::process::{EVENT_FIELD, events};
@@ -535,12 +536,11 @@ async fn proxy_killed_during_an_election_delays_the_new_token_by_at_most_the_rel
 
 /// Waits for node `id`'s `token-released` event of `term` in its log; returns its `by`.
 async fn wait_for_release_log(s: &Scenario, id: u64, term: u64) -> String {
-    palisade_tests::wait::until(
-        &format!("node {id} to log token-released for term {term}"),
-        STEP_TIMEOUT,
-        || async { released_by(s, id, term) },
-    )
-    .await
+    wait::poll(STEP_TIMEOUT, || async { released_by(s, id, term) })
+        .await
+        .unwrap_or_else(|| {
+            panic!("timed out waiting for node {id} to log token-released for term {term}")
+        })
 }
 
 /// Goal: with the whole cluster unreachable from every proxy, writes through every proxy

@@ -1,10 +1,12 @@
-//! Set-ups several proxy tests share: a proxy in front of a recording upstream, a write
-//! held in flight at that upstream, and a typed client of the proxy's admin API.
+//! Set-ups several proxy tests share: a proxy in front of a recording upstream (or with a
+//! config file), a proxy serving TLS with a certificate of a CA issued here, a write held
+//! in flight at that upstream, and a typed client of the proxy's admin API.
 
 use std::path::Path;
 use std::time::Duration;
 
 use palisade_client::ProxyAdmin;
+use palisade_cluster::{Pki, wait};
 use tokio::task::JoinHandle;
 
 use crate::client::{Answer, put};
@@ -21,18 +23,32 @@ pub async fn proxy_with_upstream(
     config_toml: &str,
 ) -> (RecordingUpstream, ProxyProcess) {
     let upstream = RecordingUpstream::start().await;
-    let config = dir.join("proxy.toml");
-    std::fs::write(&config, config_toml).unwrap();
-    let proxy = start_proxy(
-        dir,
-        &[
-            "--upstream",
-            &upstream.url(),
-            "--config",
-            config.to_str().unwrap(),
-        ],
-    );
+    let config = write_config(dir, config_toml);
+    let proxy = start_proxy(dir, &["--upstream", &upstream.url(), "--config", &config]);
     (upstream, proxy)
+}
+
+/// Writes `text` to `dir/proxy.toml`; the file's path, for `--config`.
+pub fn write_config(dir: &Path, text: &str) -> String {
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// A CA issued in `dir/pki` with a `proxy` certificate (for 127.0.0.1 and localhost), and
+/// a proxy started in `dir` serving TLS with it (`--tls-cert`, `--tls-key`) and `extra`
+/// flags besides.
+pub fn tls_proxy(dir: &Path, extra: &[&str]) -> (ProxyProcess, Pki) {
+    let pki = Pki::issue(&dir.join("pki"), &["proxy"]).unwrap();
+    let (cert, key) = (pki.cert("proxy"), pki.key("proxy"));
+    let mut args = vec![
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (start_proxy(dir, &args), pki)
 }
 
 /// Holds writes to `path` at the upstream, sends a PUT with `token` to it through the
@@ -48,12 +64,13 @@ pub async fn hold_in_flight(
     let before = upstream.arrived().len();
     let url = proxy.url(path);
     let handle = tokio::spawn(async move { put(&url, token, "held").await });
-    crate::wait::until(
-        &format!("the token-{token} write to {path} to arrive upstream"),
-        ARRIVAL_TIMEOUT,
-        || async { (upstream.arrived().len() > before).then_some(()) },
-    )
-    .await;
+    wait::poll(ARRIVAL_TIMEOUT, || async {
+        (upstream.arrived().len() > before).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!("timed out waiting for the token-{token} write to {path} to arrive upstream")
+    });
     handle
 }
 

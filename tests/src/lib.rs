@@ -1,6 +1,6 @@
-//! Harness for Palisade's end-to-end tests. Processes, the HTTP client and waiting come
-//! from `palisade-cluster` (shared with `palisade demo`); this crate adds what only tests
-//! need.
+//! Harness for Palisade's end-to-end tests. Processes, the HTTP client, the CA builder
+//! (`Pki`) and waiting (`wait::poll`, the workspace's one wait helper) come from
+//! `palisade-cluster` (shared with `palisade demo`); this crate adds what only tests need.
 //!
 //! # Layout
 //! - `fixtures`: set-ups several proxy tests share.
@@ -17,7 +17,6 @@
 //! - `trust`: keys and certificates made by `palisade keys/certs generate`, token proofs
 //!   signed with the generated key (and forged ones), admin token files, log events.
 //! - `peer_wire`: a hostile peer speaking the nodes' wire by hand, over TCP or TLS.
-//! - `wait`: waiting for a condition with a deadline; a timeout panics.
 //! - `process`: a panicking facade over `palisade_cluster`'s launchers, and waiting for a
 //!   child to stop at a failpoint.
 //! - `client`: raw HTTP requests (exactly the headers given), panicking on a failed
@@ -35,7 +34,6 @@ pub mod scenario;
 pub mod terms;
 pub mod trust;
 pub mod upstream;
-pub mod wait;
 
 /// Launchers that panic with the cause, for tests.
 pub mod process {
@@ -84,13 +82,10 @@ pub mod process {
     /// Waits for a child's line saying it stopped at a failpoint (skipping other lines),
     /// and returns it read; panics after `timeout`, saying which child never stopped.
     pub async fn wait_for_failpoint(lines: &Lines, what: &str, timeout: Duration) -> FailpointStop {
-        crate::wait::until(
-            &format!("{what} to stop at a failpoint"),
-            timeout,
-            || async {
-                std::iter::from_fn(|| lines.try_next()).find_map(|l| FailpointStop::parse(&l))
-            },
-        )
+        palisade_cluster::wait::poll(timeout, || async {
+            std::iter::from_fn(|| lines.try_next()).find_map(|l| FailpointStop::parse(&l))
+        })
         .await
+        .unwrap_or_else(|| panic!("timed out waiting for {what} to stop at a failpoint"))
     }
 }

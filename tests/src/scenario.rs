@@ -22,7 +22,7 @@ use palisade_protocol::{DEFAULT_SCOPE, LeaderView, headers};
 
 use crate::netns::NetnsNet;
 use crate::upstream::RecordingUpstream;
-use crate::wait;
+use palisade_cluster::wait;
 
 /// Generous bound on an election plus its announcement, on a loaded 2-core machine.
 pub const ELECTION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -382,12 +382,11 @@ impl Scenario {
         self.held.remove(&id);
         if self.stopped.contains(&id) {
             let worker = &self.workers[&id];
-            wait::until(
-                &format!("worker {id} to be stopped"),
-                STEP_TIMEOUT,
-                || async { worker.guard.is_stopped().then_some(()) },
-            )
-            .await;
+            wait::poll(STEP_TIMEOUT, || async {
+                worker.guard.is_stopped().then_some(())
+            })
+            .await
+            .unwrap_or_else(|| panic!("timed out waiting for worker {id} to be stopped"));
         }
         self.pump();
     }

@@ -14,6 +14,7 @@ use std::process::Command;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use palisade_protocol::process::EVENT_FIELD;
+pub use palisade_protocol::proof::encode_proof;
 use palisade_protocol::proof::proof_message;
 use ring::rand::SystemRandom;
 use ring::signature::{Ed25519KeyPair, KeyPair as _};
@@ -106,11 +107,6 @@ impl Signer {
     pub fn public_key(&self) -> Vec<u8> {
         self.0.public_key().as_ref().to_vec()
     }
-}
-
-/// Raw signature bytes as a proof header carries them: base64url without padding.
-pub fn encode_proof(signature: &[u8]) -> String {
-    URL_SAFE_NO_PAD.encode(signature)
 }
 
 /// The files `palisade certs generate` writes: a CA and one certificate per name.
@@ -215,6 +211,8 @@ pub fn log_events(log: &str, event: &str) -> Vec<serde_json::Value> {
 
 #[cfg(test)]
 mod tests {
+    use palisade_protocol::proof::decode_proof;
+
     use super::*;
 
     /// Goal: a proof made here verifies with the public key for its exact scope and token
@@ -227,7 +225,7 @@ mod tests {
         let proof = signer.prove("default", 7);
         assert_eq!(proof.len(), 86, "64 bytes, unpadded base64url");
         assert!(!proof.contains('='));
-        let sig = URL_SAFE_NO_PAD.decode(&proof).unwrap();
+        let sig = decode_proof(proof.as_bytes()).unwrap();
         let key =
             ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, signer.public_key());
         assert!(key.verify(&proof_message("default", 7), &sig).is_ok());

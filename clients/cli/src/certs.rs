@@ -9,7 +9,6 @@
 //! Keys are ECDSA P-256, which every rustls provider verifies.
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Subcommand};
 use rcgen::{
@@ -233,40 +232,12 @@ fn make_leaf(
 
 /// The current calendar year (UTC), from the system clock.
 fn current_year() -> i32 {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    year_of_days(i64::try_from(secs / 86_400).unwrap_or(0))
-}
-
-/// The year of the day `days` after 1970-01-01 (proleptic Gregorian calendar).
-fn year_of_days(days: i64) -> i32 {
-    // Shift to 0000-03-01 so that leap days end each 400-year era.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let year = yoe + era * 400 + i64::from(mp >= 10);
-    i32::try_from(year).unwrap_or(i32::MAX)
+    time::OffsetDateTime::now_utc().year()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Goal: the year arithmetic is right at the boundaries that matter (epoch, a leap
-    /// day, the last and first day of a year). Method: known day numbers.
-    #[test]
-    fn years_of_days() {
-        assert_eq!(year_of_days(0), 1970);
-        assert_eq!(year_of_days(364), 1970);
-        assert_eq!(year_of_days(365), 1971);
-        assert_eq!(year_of_days(11_016), 2000, "2000-02-29");
-        assert_eq!(year_of_days(20_453), 2025, "2025-12-31");
-        assert_eq!(year_of_days(20_454), 2026, "2026-01-01");
-    }
 
     /// Goal: names are checked with errors that say why. Method: good, empty, long,
     /// odd characters.

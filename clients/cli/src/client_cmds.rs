@@ -17,7 +17,7 @@ use palisade_client::{
 use serde_json::{Value, json};
 
 use crate::Failure;
-use crate::client_trust::{TlsFlags, token_from_node};
+use crate::client_trust::{TrustFlags, token_from_node};
 
 /// Largest body `palisade put` reads from a file or stdin: the proxy's default object
 /// limit (16 MiB) with room to spare, so a mistaken `--file` of a huge file fails fast.
@@ -43,11 +43,8 @@ pub(crate) struct ProxyFlags {
     /// Limit on each attempt, in milliseconds.
     #[arg(long, default_value_t = palisade_client::REQUEST_TIMEOUT_MS)]
     timeout_ms: u64,
-    /// For an https:// URL: also trust the CA certificates in this PEM file.
-    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
-    ca_file: Option<PathBuf>,
     #[command(flatten)]
-    tls: TlsFlags,
+    trust: TrustFlags,
     /// Print JSON instead of a human-readable line.
     #[arg(long)]
     json: bool,
@@ -126,11 +123,8 @@ pub(crate) struct LeaderArgs {
     /// Base URL of the node's HTTP API.
     #[arg(long, env = "PALISADE_NODE")]
     node: String,
-    /// For an https:// URL: also trust the CA certificates in this PEM file.
-    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
-    ca_file: Option<PathBuf>,
     #[command(flatten)]
-    tls: TlsFlags,
+    trust: TrustFlags,
     /// Keep watching (long poll) and print each change, until interrupted.
     #[arg(long)]
     watch: bool,
@@ -188,8 +182,7 @@ pub(crate) async fn delete(args: DeleteArgs) -> Result<(), Failure> {
 
 /// `palisade leader`.
 pub(crate) async fn leader(args: LeaderArgs) -> Result<(), Failure> {
-    let tls = args.tls.client_tls(args.ca_file.as_deref())?;
-    let api = NodeApi::with_tls(&args.node, &tls).map_err(|e| usage_or_runtime(&e))?;
+    let api = args.trust.node_api(&args.node)?;
     let first = api
         .leader()
         .await
@@ -216,21 +209,11 @@ async fn watch(api: &NodeApi, first: LeaderView, json: bool) -> Result<(), Failu
     };
     let mut delays = reconnect();
     loop {
-        match api
+        let answer = match api
             .leader_after(last.term, Duration::from_millis(WATCH_WAIT_MS))
             .await
         {
-            Ok(view) => {
-                if unreachable {
-                    eprintln!("palisade: node {} answers again", api.url());
-                    unreachable = false;
-                    delays = reconnect();
-                }
-                if view != last {
-                    print_leader(&view, json)?;
-                    last = view;
-                }
-            }
+            Ok(view) => Some(view),
             Err(e) => {
                 if !unreachable {
                     eprintln!("palisade: {e}; retrying");
@@ -241,16 +224,18 @@ async fn watch(api: &NodeApi, first: LeaderView, json: bool) -> Result<(), Failu
                     .unwrap_or(Duration::from_millis(WATCH_RETRY_MAX_MS));
                 tokio::time::sleep(delay).await;
                 // Start over with a plain read so a node that restarted is shown at once.
-                if let Ok(view) = api.leader().await {
-                    eprintln!("palisade: node {} answers again", api.url());
-                    unreachable = false;
-                    delays = reconnect();
-                    if view != last {
-                        print_leader(&view, json)?;
-                        last = view;
-                    }
-                }
+                api.leader().await.ok()
             }
+        };
+        let Some(view) = answer else { continue };
+        if unreachable {
+            eprintln!("palisade: node {} answers again", api.url());
+            unreachable = false;
+            delays = reconnect();
+        }
+        if view != last {
+            print_leader(&view, json)?;
+            last = view;
         }
     }
 }
@@ -292,8 +277,7 @@ fn print_leader(view: &LeaderView, json: bool) -> Result<(), Failure> {
 async fn write_client(flags: &ProxyFlags, token: &TokenFlags) -> Result<FencedClient, Failure> {
     let (source, scope) = match (&token.node, token.token) {
         (Some(url), _) => {
-            let tls = flags.tls.client_tls(flags.ca_file.as_deref())?;
-            let from_node = token_from_node(url, &tls).await?;
+            let from_node = token_from_node(url, &flags.trust.client_tls()?).await?;
             if let Some(scope) = &flags.scope
                 && *scope != from_node.scope
             {
@@ -336,7 +320,7 @@ fn fenced_client(
     let mut builder = FencedClient::builder(&flags.proxy, source)
         .request_timeout(Duration::from_millis(flags.timeout_ms))
         .fence_reads(fence_reads)
-        .tls(flags.tls.client_tls(flags.ca_file.as_deref())?);
+        .tls(flags.trust.client_tls()?);
     if let Some(scope) = flags.scope.clone().or(scope) {
         builder = builder.scope(scope);
     }

@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use palisade_client::{ClientError, ClientTls, NodeApi, Role};
+use palisade_client::{ClientError, ClientTls, NodeApi, ProxyAdmin, Role};
 
 use crate::Failure;
+use crate::client_cmds::usage_or_runtime;
 
 /// Largest admin token file read, in bytes: a bearer token is tens of bytes; anything far
 /// larger is not one and is refused before it is read into memory.
@@ -58,6 +59,34 @@ impl TlsFlags {
                 .map_err(|e| Failure::Usage(format!("--cert/--key: {e}")))?;
         }
         Ok(tls)
+    }
+}
+
+/// How a client command reaches one https:// API: the older `--ca-file` beside the TLS
+/// flags. Flattened into each command that names one node, proxy or admin API.
+#[derive(Args)]
+pub(crate) struct TrustFlags {
+    /// For an https:// URL: also trust the CA certificates in this PEM file.
+    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
+    ca_file: Option<PathBuf>,
+    #[command(flatten)]
+    tls: TlsFlags,
+}
+
+impl TrustFlags {
+    /// The client TLS settings these flags give (see [`TlsFlags::client_tls`]).
+    pub(crate) fn client_tls(&self) -> Result<ClientTls, Failure> {
+        self.tls.client_tls(self.ca_file.as_deref())
+    }
+
+    /// A client of the node API at `url`; a bad URL is a usage error.
+    pub(crate) fn node_api(&self, url: &str) -> Result<NodeApi, Failure> {
+        NodeApi::with_tls(url, &self.client_tls()?).map_err(|e| usage_or_runtime(&e))
+    }
+
+    /// A client of the proxy admin API at `url`; a bad URL is a usage error.
+    pub(crate) fn proxy_admin(&self, url: &str) -> Result<ProxyAdmin, Failure> {
+        ProxyAdmin::with_tls(url, &self.client_tls()?).map_err(|e| usage_or_runtime(&e))
     }
 }
 

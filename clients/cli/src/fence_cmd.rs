@@ -4,12 +4,11 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use palisade_client::ProxyAdmin;
 use palisade_protocol::DEFAULT_SCOPE;
 
 use crate::Failure;
-use crate::client_cmds::{failure_plain, print_json, print_line, usage_or_runtime};
-use crate::client_trust::{TlsFlags, read_admin_token};
+use crate::client_cmds::{failure_plain, print_json, print_line};
+use crate::client_trust::{TrustFlags, read_admin_token};
 
 /// Read a proxy's fences, advance one without a write, or reset one (admin API).
 #[derive(Args)]
@@ -43,11 +42,8 @@ pub(crate) struct FenceArgs {
     /// Base URL of the proxy's admin API.
     #[arg(long, env = "PALISADE_ADMIN", default_value = "http://127.0.0.1:8081")]
     admin: String,
-    /// For an https:// URL: also trust the CA certificates in this PEM file.
-    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
-    ca_file: Option<PathBuf>,
     #[command(flatten)]
-    tls: TlsFlags,
+    trust: TrustFlags,
     /// Print JSON instead of human-readable lines.
     #[arg(long)]
     json: bool,
@@ -62,8 +58,7 @@ pub(crate) async fn fence(args: FenceArgs) -> Result<(), Failure> {
                 .to_owned(),
         ));
     }
-    let tls = args.tls.client_tls(args.ca_file.as_deref())?;
-    let mut admin = ProxyAdmin::with_tls(&args.admin, &tls).map_err(|e| usage_or_runtime(&e))?;
+    let mut admin = args.trust.proxy_admin(&args.admin)?;
     if let Some(path) = &args.admin_token_file {
         admin = admin.with_bearer(&read_admin_token(path)?);
     }

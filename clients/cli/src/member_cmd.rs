@@ -2,14 +2,12 @@
 //! `--node` may name any member: a follower forwards the change to the leader and answers
 //! once it applied the change itself.
 
-use std::path::PathBuf;
-
 use clap::{Args, Subcommand};
 use palisade_client::{MemberList, NodeApi};
 
 use crate::Failure;
-use crate::client_cmds::{failure_plain, print_json, print_line, usage_or_runtime};
-use crate::client_trust::TlsFlags;
+use crate::client_cmds::{failure_plain, print_json, print_line};
+use crate::client_trust::TrustFlags;
 
 /// Add, remove or list the cluster's members (node API).
 #[derive(Args)]
@@ -54,11 +52,8 @@ struct Target {
     /// Base URL of any member's HTTP API.
     #[arg(long, env = "PALISADE_NODE")]
     node: String,
-    /// For an https:// URL: also trust the CA certificates in this PEM file.
-    #[arg(long, env = "PALISADE_CA_FILE", value_name = "PEM")]
-    ca_file: Option<PathBuf>,
     #[command(flatten)]
-    tls: TlsFlags,
+    trust: TrustFlags,
     /// Print JSON (`{"members":[{"id":N,"peer":"HOST:PORT"}, ...]}`) instead of lines.
     #[arg(long)]
     json: bool,
@@ -66,8 +61,7 @@ struct Target {
 
 impl Target {
     fn api(&self) -> Result<NodeApi, Failure> {
-        let tls = self.tls.client_tls(self.ca_file.as_deref())?;
-        NodeApi::with_tls(&self.node, &tls).map_err(|e| usage_or_runtime(&e))
+        self.trust.node_api(&self.node)
     }
 }
 

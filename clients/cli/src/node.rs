@@ -1,59 +1,16 @@
 //! `palisade node`: runs one election node (a raft member) with its HTTP API.
 //!
-//! Settings come from flags, then `PALISADE_*` environment variables, then the TOML file
-//! named by `--config`, then defaults. The file uses the flags' names with underscores:
-//!
-//! ```toml
-//! id = 1
-//! peers = "1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003"   # or a table: [peers] 1 = "..."
-//! data_dir = "/var/lib/palisade/node1"
-//! api = "127.0.0.1:8001"
-//! scope = "default"
-//! announce = ["http://127.0.0.1:9001"]
-//! tick_ms = 100
-//! election_ticks = 5
-//! heartbeat_ticks = 1
-//! priority = 0
-//! token_key = "/etc/palisade/token.key"      # sign tokens: the leader view gains "proof"
-//! announce_token_file = "/etc/palisade/admin.token"  # bearer token for --announce proxies
-//! max_term_gap = 1000                         # refuse peer terms further ahead than this
-//! lease_ms = 0                                # fleet leases for --announce proxies (0: off)
-//! lease_drift_ppm = 10000                     # clock-rate bound for the release wait
-//! lease_write_bound_ms = 500                  # lease check to storage apply, at most
-//! insecure = false                            # plaintext off loopback (see below)
-//! score_oracle = "static"                     # leaders placed by score; "off": raft's random
-//! score = 10.0                                # the static oracle's score; higher is better
-//! score_margin = 0.5                          # scores this close count as equal
-//! score_hold_ms = 3000                        # a better follower waits this long to lead
-//! audit_log = "/var/log/palisade/node1.audit" # one JSON line per announce, transfer, member change
-//! audit_log_bytes_max = 67108864              # rotate the audit log at this size
-//! audit_log_keep = 4                          # rotated audit files kept
-//! # File-only knobs (leave them on):
-//! check_quorum = true
-//! pre_vote = true
-//!
-//! # Mutual TLS on the peer links and HTTPS with client certificates on the API
-//! # (--cert, --key, --ca; all three or none). The certificate must name node-<id>.
-//! [tls]
-//! cert = "/etc/palisade/node-1.pem"
-//! key = "/etc/palisade/node-1.key"
-//! ca = "/etc/palisade/ca.pem"
-//! ```
-//!
-//! Without TLS, the API and every peer address must be loopback IP addresses, unless
-//! `--insecure` says plaintext may leave the machine (a warning is logged at start).
+//! The settings, their defaults, the TOML file (`--config`) and validation belong to
+//! [`NodeConfig`] (see [`NodeConfig::from_file`] for the file); the rules of `--join` to
+//! [`NodeConfig::join_members`]. Here flags, and their `PALISADE_*` environment
+//! variables, override the file's values, and the process runs the node until a signal.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-
-use palisade_client::{ClientTls, MemberList, NodeApi};
-use palisade_election::StartOptions;
 use palisade_election::{
-    ConfigError, Node, NodeConfig, NodeError, NodeTls, ScoreOracle, StartError,
+    ConfigError, ConfigFileError, JoinError, Node, NodeConfig, NodeError, NodeTls, ScoreOracle,
+    StartError, StartOptions, parse_api, parse_peers,
 };
 use palisade_protocol::process::{NodeReady, TEST_FAULTS_ENV, TEST_LOG_RETAINED_ENV};
-use serde::Deserialize;
+use std::path::PathBuf;
 
 /// Flags of `palisade node`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -190,13 +147,8 @@ pub enum NodeCommandError {
     #[error("invalid --{} ({} in the config file): {}", .0.field.replace('_', "-"), .0.field, .0.message)]
     Config(#[from] ConfigError),
     /// The `--config` file cannot be read or parsed (exit 2).
-    #[error("cannot use config file {path}: {message}")]
-    ConfigFile {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
+    #[error(transparent)]
+    ConfigFile(#[from] ConfigFileError),
     /// The node could not start (exit 1, or 2 when it is a configuration error).
     #[error(transparent)]
     Start(#[from] StartError),
@@ -204,282 +156,72 @@ pub enum NodeCommandError {
     #[error(transparent)]
     Node(#[from] NodeError),
     /// `--join`: the cluster could not be asked for its members (exit 1).
-    #[error("cannot join through {url}: {message}")]
-    Join {
-        /// The `--join` URL.
-        url: String,
-        /// What went wrong.
-        message: String,
-    },
+    #[error(transparent)]
+    Join(JoinError),
+}
+
+impl From<JoinError> for NodeCommandError {
+    fn from(err: JoinError) -> Self {
+        match err {
+            JoinError::Config(c) => NodeCommandError::Config(c),
+            other => NodeCommandError::Join(other),
+        }
+    }
 }
 
 impl NodeCommandError {
     /// 2 for usage and configuration errors, 1 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            NodeCommandError::Config(_) | NodeCommandError::ConfigFile { .. } => 2,
+            NodeCommandError::Config(_) | NodeCommandError::ConfigFile(_) => 2,
             NodeCommandError::Start(e) if e.is_config() => 2,
             _ => 1,
         }
     }
 }
 
-/// `peers` in the file: the flag's syntax, or a table of id to address.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum PeersSpec {
-    Flag(String),
-    Table(BTreeMap<String, String>),
-}
-
-/// The `--config` file. Every field is optional; each has the meaning of its flag.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct FileConfig {
-    /// `--id`.
-    id: Option<u64>,
-    /// `--peers`.
-    peers: Option<PeersSpec>,
-    /// `--data-dir`.
-    data_dir: Option<PathBuf>,
-    /// `--api`.
-    api: Option<String>,
-    /// `--scope`.
-    scope: Option<String>,
-    /// `--announce`, as a list.
-    announce: Option<Vec<String>>,
-    /// `--tick-ms`.
-    tick_ms: Option<u64>,
-    /// `--election-ticks`.
-    election_ticks: Option<u64>,
-    /// `--heartbeat-ticks`.
-    heartbeat_ticks: Option<u64>,
-    /// `--priority`.
-    priority: Option<i64>,
-    /// `--token-key`.
-    token_key: Option<PathBuf>,
-    /// `--announce-token-file`.
-    announce_token_file: Option<PathBuf>,
-    /// `--max-term-gap`.
-    max_term_gap: Option<u64>,
-    /// `--lease-ms`.
-    lease_ms: Option<u64>,
-    /// `--lease-drift-ppm`.
-    lease_drift_ppm: Option<u64>,
-    /// `--lease-write-bound-ms`.
-    lease_write_bound_ms: Option<u64>,
-    /// `--insecure`.
-    insecure: Option<bool>,
-    /// `--score-oracle`.
-    score_oracle: Option<String>,
-    /// `--score`.
-    score: Option<f64>,
-    /// `--score-margin`.
-    score_margin: Option<f64>,
-    /// `--score-hold-ms`.
-    score_hold_ms: Option<u64>,
-    /// `--audit-log`.
-    audit_log: Option<PathBuf>,
-    /// `--audit-log-bytes-max`.
-    audit_log_bytes_max: Option<u64>,
-    /// Rotated audit files kept (file only; default 4).
-    audit_log_keep: Option<u32>,
-    /// `--cert`, `--key`, `--ca`, as a table.
-    tls: Option<FileTls>,
-    /// Leader steps down without a quorum (file only; default true).
-    check_quorum: Option<bool>,
-    /// Pre-vote before campaigning (file only; default true).
-    pre_vote: Option<bool>,
-}
-
-/// The file's `[tls]` table; each key may be overridden by its flag.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-struct FileTls {
-    /// `--cert`.
-    cert: Option<PathBuf>,
-    /// `--key`.
-    key: Option<PathBuf>,
-    /// `--ca`.
-    ca: Option<PathBuf>,
-}
-
-/// `--cert`, `--key` and `--ca` (each over its `[tls]` key): all three, or none.
-fn tls_files(
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-    ca: Option<PathBuf>,
-) -> Result<Option<NodeTls>, ConfigError> {
-    match (cert, key, ca) {
-        (None, None, None) => Ok(None),
-        (Some(cert), Some(key), Some(ca)) => Ok(Some(NodeTls { cert, key, ca })),
-        (cert, key, _) => {
-            let missing = if cert.is_none() {
-                "cert"
-            } else if key.is_none() {
-                "key"
-            } else {
-                "ca"
-            };
-            Err(ConfigError::new(
-                missing,
-                "is missing: TLS needs --cert, --key and --ca together",
-            ))
-        }
-    }
-}
-
-/// Parses `1=HOST:PORT,2=HOST:PORT`.
-fn parse_peers(spec: &str) -> Result<BTreeMap<u64, String>, ConfigError> {
-    let mut peers = BTreeMap::new();
-    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let Some((id, addr)) = item.split_once('=') else {
-            return Err(ConfigError::new(
-                "peers",
-                format!("entry {item:?} is not ID=HOST:PORT"),
-            ));
-        };
-        insert_peer(&mut peers, id, addr)?;
-    }
-    Ok(peers)
-}
-
-fn insert_peer(peers: &mut BTreeMap<u64, String>, id: &str, addr: &str) -> Result<(), ConfigError> {
-    let id: u64 = id.trim().parse().map_err(|_| {
-        ConfigError::new(
-            "peers",
-            format!("node id {id:?} is not a non-negative integer"),
-        )
-    })?;
-    let addr = addr.trim();
-    if peers.insert(id, addr.to_owned()).is_some() {
-        return Err(ConfigError::new(
-            "peers",
-            format!("node id {id} is named twice"),
-        ));
-    }
-    Ok(())
-}
-
-fn read_file(path: &PathBuf) -> Result<FileConfig, NodeCommandError> {
-    let text = std::fs::read_to_string(path).map_err(|e| NodeCommandError::ConfigFile {
-        path: path.clone(),
-        message: e.to_string(),
-    })?;
-    toml::from_str(&text).map_err(|e| NodeCommandError::ConfigFile {
-        path: path.clone(),
-        message: e.to_string(),
-    })
+/// Sets each named field of `config` whose flag was given.
+macro_rules! override_set {
+    ($config:ident, $args:ident: $($field:ident),+ $(,)?) => {
+        $(if let Some(v) = $args.$field {
+            $config.$field = v;
+        })+
+    };
 }
 
 /// Builds and validates the node configuration: flags and environment over the file over
 /// the defaults.
 pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
-    let file = match &args.config {
-        Some(path) => read_file(path)?,
-        None => FileConfig::default(),
+    let mut config = match &args.config {
+        Some(path) => NodeConfig::from_file(path)?,
+        None => NodeConfig::default(),
     };
-    let defaults = NodeConfig::default();
-    let id = args
-        .id
-        .or(file.id)
-        .ok_or_else(|| ConfigError::new("id", "is required (--id N)"))?;
-    let peers = match (args.peers, file.peers) {
-        (Some(flag), _) | (None, Some(PeersSpec::Flag(flag))) => parse_peers(&flag)?,
-        (None, Some(PeersSpec::Table(table))) => {
-            let mut peers = BTreeMap::new();
-            for (id, addr) in &table {
-                insert_peer(&mut peers, id, addr)?;
-            }
-            peers
-        }
-        (None, None) => {
-            return Err(ConfigError::new("peers", "is required (--peers 1=HOST:PORT,...)").into());
-        }
-    };
-    let data_dir = args
-        .data_dir
-        .or(file.data_dir)
-        .ok_or_else(|| ConfigError::new("data_dir", "is required (--data-dir DIR)"))?;
-    let api = args
-        .api
-        .or(file.api)
-        .ok_or_else(|| ConfigError::new("api", "is required (--api HOST:PORT)"))?;
-    let api: SocketAddr = api.parse().map_err(|e| {
-        ConfigError::new(
-            "api",
-            format!("{api:?} is not an IP:PORT socket address: {e}"),
-        )
-    })?;
-    let file_tls = file.tls.unwrap_or_default();
-    let tls = tls_files(
-        args.cert.or(file_tls.cert),
-        args.key.or(file_tls.key),
-        args.ca.or(file_tls.ca),
-    )?;
-    let score_oracle = match args.score_oracle.or(file.score_oracle) {
-        Some(name) => ScoreOracle::parse_setting(&name)
-            .map_err(|message| ConfigError::new("score_oracle", message))?,
-        None => defaults.score_oracle,
-    };
-    let config = NodeConfig {
-        id,
-        peers,
-        data_dir,
-        api: Some(api),
-        scope: args.scope.or(file.scope).unwrap_or(defaults.scope),
-        announce: if args.announce.is_empty() {
-            file.announce.unwrap_or_default()
-        } else {
-            args.announce
-        },
-        tick_ms: args.tick_ms.or(file.tick_ms).unwrap_or(defaults.tick_ms),
-        election_ticks: args
-            .election_ticks
-            .or(file.election_ticks)
-            .unwrap_or(defaults.election_ticks),
-        heartbeat_ticks: args
-            .heartbeat_ticks
-            .or(file.heartbeat_ticks)
-            .unwrap_or(defaults.heartbeat_ticks),
-        priority: args.priority.or(file.priority).unwrap_or(defaults.priority),
-        check_quorum: file.check_quorum.unwrap_or(defaults.check_quorum),
-        pre_vote: file.pre_vote.unwrap_or(defaults.pre_vote),
-        test_faults: false,
-        token_key: args.token_key.or(file.token_key),
-        announce_token_file: args.announce_token_file.or(file.announce_token_file),
-        max_term_gap: args
-            .max_term_gap
-            .or(file.max_term_gap)
-            .unwrap_or(defaults.max_term_gap),
-        lease_ms: args.lease_ms.or(file.lease_ms).unwrap_or(defaults.lease_ms),
-        lease_drift_ppm: args
-            .lease_drift_ppm
-            .or(file.lease_drift_ppm)
-            .unwrap_or(defaults.lease_drift_ppm),
-        lease_write_bound_ms: args
-            .lease_write_bound_ms
-            .or(file.lease_write_bound_ms)
-            .unwrap_or(defaults.lease_write_bound_ms),
-        tls,
-        insecure: args.insecure || file.insecure.unwrap_or(false),
-        score_oracle,
-        score: args.score.or(file.score).unwrap_or(defaults.score),
-        score_margin: args
-            .score_margin
-            .or(file.score_margin)
-            .unwrap_or(defaults.score_margin),
-        score_hold_ms: args
-            .score_hold_ms
-            .or(file.score_hold_ms)
-            .unwrap_or(defaults.score_hold_ms),
-        audit_log: args.audit_log.or(file.audit_log),
-        audit_log_bytes_max: args
-            .audit_log_bytes_max
-            .or(file.audit_log_bytes_max)
-            .unwrap_or(defaults.audit_log_bytes_max),
-        audit_log_keep: file.audit_log_keep.unwrap_or(defaults.audit_log_keep),
-    };
+    override_set!(config, args: id, data_dir, scope, tick_ms, election_ticks, heartbeat_ticks,
+        priority, max_term_gap, lease_ms, lease_drift_ppm, lease_write_bound_ms, score,
+        score_margin, score_hold_ms, audit_log_bytes_max);
+    if let Some(spec) = &args.peers {
+        config.peers = parse_peers(spec)?;
+    }
+    if let Some(api) = &args.api {
+        config.api = Some(parse_api(api)?);
+    }
+    if !args.announce.is_empty() {
+        config.announce = args.announce;
+    }
+    if let Some(name) = &args.score_oracle {
+        config.score_oracle = ScoreOracle::parse_setting(name)
+            .map_err(|message| ConfigError::new("score_oracle", message))?;
+    }
+    // Each TLS flag overrides its `[tls]` key; `validate` names one still missing.
+    if args.cert.is_some() || args.key.is_some() || args.ca.is_some() {
+        let tls = config.tls.get_or_insert_with(NodeTls::default);
+        override_set!(tls, args: cert, key, ca);
+    }
+    config.insecure |= args.insecure;
+    config.token_key = args.token_key.or(config.token_key);
+    config.announce_token_file = args.announce_token_file.or(config.announce_token_file);
+    config.audit_log = args.audit_log.or(config.audit_log);
+    config.check_required()?;
     config.validate()?;
     Ok(config)
 }
@@ -508,7 +250,7 @@ pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
         options.log_entries_retained = Some(n);
     }
     if let Some(url) = join {
-        options.join = Some(join_members(&config, &url).await?);
+        options.join = Some(config.join_members(&url).await?);
     }
     let mut node = Node::start_with(config, options)
         .await
@@ -536,134 +278,9 @@ pub async fn run(args: NodeArgs) -> Result<(), NodeCommandError> {
     }
 }
 
-/// `--join URL`: checks the flags and the data directory, and asks the cluster for its
-/// members. A data directory that already holds a raft log restarts normally (the node
-/// checks that the log is this node's), so then an unreachable URL is no error.
-async fn join_members(config: &NodeConfig, url: &str) -> Result<MemberList, NodeCommandError> {
-    let join_error = |message: String| NodeCommandError::Join {
-        url: url.to_owned(),
-        message,
-    };
-    if config.peers.len() != 1 {
-        return Err(ConfigError::new(
-            "peers",
-            format!(
-                "with --join names only this node (--peers {}=HOST:PORT); the node learns the \
-                 other members from the cluster",
-                config.id
-            ),
-        )
-        .into());
-    }
-    let has_log = config.database_path().exists();
-    if !has_log {
-        let foreign =
-            std::fs::read_dir(&config.data_dir).is_ok_and(|mut entries| entries.next().is_some());
-        if foreign {
-            return Err(ConfigError::new(
-                "data_dir",
-                format!(
-                    "{} is not empty but holds no raft log: --join needs an empty data \
-                     directory",
-                    config.data_dir.display()
-                ),
-            )
-            .into());
-        }
-    }
-    // With TLS the node asks as itself: its certificate is from the cluster CA, which the
-    // members' APIs require of clients.
-    let api = match &config.tls {
-        None => NodeApi::new(url),
-        Some(tls) => ClientTls::new()
-            .trust_pem_file(&tls.ca)
-            .and_then(|t| t.identity_pem_files(&tls.cert, &tls.key))
-            .and_then(|t| NodeApi::with_tls(url, &t)),
-    }
-    .map_err(|e| join_error(e.to_string()))?;
-    let list = match api.members().await {
-        Ok(list) => list,
-        // The log decides; an uninitialized one is refused with "not a member yet".
-        Err(err) if has_log => {
-            tracing::warn!(url, cause = %err, "cannot ask the cluster for its members; restarting from the data directory");
-            return Ok(MemberList::default());
-        }
-        Err(err) => return Err(join_error(format!("the cluster did not answer: {err}"))),
-    };
-    if list.removed.contains(&config.id) {
-        return Err(ConfigError::new(
-            "id",
-            format!(
-                "node {} was removed from the cluster at {url} and ids are never reused: add \
-                 this machine under a new id",
-                config.id
-            ),
-        )
-        .into());
-    }
-    let Some(me) = list.members.iter().find(|m| m.id == config.id) else {
-        if has_log {
-            return Ok(list);
-        }
-        return Err(ConfigError::new(
-            "id",
-            format!(
-                "node {id} is not a member of the cluster at {url} yet: run `palisade member \
-                 add --node {url} --id {id} --peer HOST:PORT` first",
-                id = config.id
-            ),
-        )
-        .into());
-    };
-    let own = config.peers.get(&config.id).cloned().unwrap_or_default();
-    if me.peer != own {
-        return Err(ConfigError::new(
-            "peers",
-            format!(
-                "names {own} for node {}, but the cluster added it with peer address {}",
-                config.id, me.peer
-            ),
-        )
-        .into());
-    }
-    Ok(list)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Goal: `--join` refuses, before anything starts, what cannot be a join: `--peers`
-    /// naming other nodes (exit 2), a non-empty data directory without a raft log (exit
-    /// 2), and a join URL that does not answer (exit 1, naming the URL). Method: call
-    /// `join_members` with each; the URL is a closed local port.
-    #[tokio::test]
-    async fn join_refuses_other_peers_a_foreign_dir_and_a_silent_url() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = "http://127.0.0.1:1";
-        let mut config = NodeConfig {
-            id: 4,
-            peers: [(4, "127.0.0.1:7004".to_owned())].into_iter().collect(),
-            data_dir: dir.path().join("node4"),
-            ..NodeConfig::default()
-        };
-        let err = join_members(&config, url).await.unwrap_err();
-        assert!(matches!(err, NodeCommandError::Join { .. }), "{err}");
-        assert_eq!(err.exit_code(), 1);
-        assert!(err.to_string().contains(url), "{err}");
-
-        config.peers.insert(1, "127.0.0.1:7001".to_owned());
-        let err = join_members(&config, url).await.unwrap_err();
-        assert_eq!(err.exit_code(), 2, "{err}");
-        assert!(err.to_string().contains("only this node"), "{err}");
-
-        config.peers.remove(&1);
-        std::fs::create_dir_all(&config.data_dir).unwrap();
-        std::fs::write(config.data_dir.join("notes.txt"), "not a raft log").unwrap();
-        let err = join_members(&config, url).await.unwrap_err();
-        assert_eq!(err.exit_code(), 2, "{err}");
-        assert!(err.to_string().contains("holds no raft log"), "{err}");
-    }
 
     fn args() -> NodeArgs {
         NodeArgs {
@@ -918,9 +535,10 @@ lease_write_bound_ms = 250
     }
 
     /// Goal: `--cert`, `--key` and `--ca` come together (a missing one is named, exit 2),
-    /// the `[tls]` table supplies them, and plaintext off loopback needs `--insecure`.
-    /// Method: flags with one file missing; a file with the table; a LAN API address
-    /// without and with `--insecure`.
+    /// the `[tls]` table supplies them (each flag over its key), and plaintext off loopback
+    /// needs `--insecure`. Method: flags with one file missing; a file with the table; a
+    /// table without `ca`, with and without `--ca`; a LAN API address without and with
+    /// `--insecure`.
     #[test]
     fn tls_flags_come_together_and_plaintext_stays_on_loopback() {
         let err = build_config(NodeArgs {
@@ -940,13 +558,37 @@ lease_write_bound_ms = 250
         )
         .unwrap();
         let c = build_config(NodeArgs {
-            config: Some(path),
+            config: Some(path.clone()),
             api: Some("10.1.2.3:8001".into()),
             ..args()
         })
         .unwrap();
         let tls = c.tls.unwrap();
         assert_eq!(tls.key, PathBuf::from("/p/node-1.key"));
+
+        // A flag overrides its key, and completes a table that leaves one out.
+        std::fs::write(
+            &path,
+            "[tls]\ncert = \"/p/node-1.pem\"\nkey = \"/p/node-1.key\"\n",
+        )
+        .unwrap();
+        let partial = |ca: Option<PathBuf>| NodeArgs {
+            config: Some(path.clone()),
+            key: Some("/q/node-1.key".into()),
+            ca,
+            ..args()
+        };
+        let tls = build_config(partial(Some("/p/ca.pem".into())))
+            .unwrap()
+            .tls
+            .unwrap();
+        assert_eq!(
+            (tls.key, tls.ca),
+            ("/q/node-1.key".into(), "/p/ca.pem".into())
+        );
+        let err = build_config(partial(None)).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--ca"), "{err}");
 
         let lan = || NodeArgs {
             api: Some("10.1.2.3:8001".into()),

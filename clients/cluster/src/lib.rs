@@ -22,7 +22,11 @@
 //!   demo-worker`), and its events.
 //! - `history`: the history checker: client operations against the apply log.
 //! - `client`: the one raw HTTP helper, for requests with odd headers.
-//! - `wait`: waiting for a condition with a deadline.
+//! - `trust`: [`Pki`], a CA and the certificates it signed (issued in process: the one
+//!   CA builder of the tests), and [`Trust`], a secure cluster's keys, certificates and
+//!   admin token, made by the binary.
+//! - `wait`: waiting for a condition with a deadline, on tokio's clock (the one wait
+//!   helper of the workspace).
 //!
 //! Nothing here panics: the library ships in the `palisade` binary (the demo runs on it).
 //! Tests wrap it in panicking shorthands of their own (`palisade-tests`).
@@ -46,7 +50,7 @@ pub use process::{
     set_palisade_bin, spawn_launch, spawn_until, spawn_until_line,
 };
 pub use proxy::{ADMIN_QUERY_TIMEOUT_MS, ProxyProcess};
-pub use trust::{CLIENT_CERT_NAME, PROXY_CERT_NAME, Trust};
+pub use trust::{CLIENT_CERT_NAME, PROXY_CERT_NAME, Pki, Trust};
 
 /// Why a cluster operation failed.
 #[derive(Debug, thiserror::Error)]

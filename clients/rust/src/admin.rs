@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use crate::client::{fenced_error, scope_of};
 use crate::error::ClientError;
-use crate::transport::{BaseUrl, ClientTls, Transport};
+use crate::transport::{ClientTls, Endpoint};
 
 /// Longest an admin call may take: reads are answered from memory, an advance is one
 /// fsync.
@@ -26,18 +26,14 @@ pub const ADMIN_TIMEOUT_MS: u64 = 5_000;
 /// A client of one proxy's admin API. Cheap to clone.
 #[derive(Clone)]
 pub struct ProxyAdmin {
-    base: BaseUrl,
-    transport: Transport,
-    timeout: Duration,
+    endpoint: Endpoint,
     /// Sent as `Authorization: Bearer` with every call when set; never shown by `Debug`.
     bearer: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for ProxyAdmin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProxyAdmin")
-            .field("url", &self.base.as_str())
-            .finish_non_exhaustive()
+        self.endpoint.fmt_client("ProxyAdmin", f)
     }
 }
 
@@ -50,9 +46,7 @@ impl ProxyAdmin {
     /// Like [`new`](Self::new), with TLS settings for an `https://` URL.
     pub fn with_tls(url: &str, tls: &ClientTls) -> Result<Self, ClientError> {
         Ok(Self {
-            base: BaseUrl::parse(url)?,
-            transport: Transport::new(tls)?,
-            timeout: Duration::from_millis(ADMIN_TIMEOUT_MS),
+            endpoint: Endpoint::new(url, tls, ADMIN_TIMEOUT_MS)?,
             bearer: None,
         })
     }
@@ -66,7 +60,7 @@ impl ProxyAdmin {
     }
 
     fn request(&self, method: Method, url: reqwest::Url) -> reqwest::RequestBuilder {
-        let request = self.transport.request(method, url);
+        let request = self.endpoint.transport.request(method, url);
         match &self.bearer {
             Some(token) => request.bearer_auth(token),
             None => request,
@@ -77,23 +71,23 @@ impl ProxyAdmin {
     /// a proxy that may be paused wants a short one).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.endpoint.timeout = timeout;
         self
     }
 
     /// The admin API's base URL.
     pub fn url(&self) -> &str {
-        self.base.as_str()
+        self.endpoint.base.as_str()
     }
 
     /// `GET /v1/fences`: every scope's fence.
-    #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
+    #[tracing::instrument(skip(self), fields(admin = %self.endpoint.base.as_str()))]
     pub async fn fences(&self) -> Result<FenceList, ClientError> {
         self.get(FENCES_PATH).await
     }
 
     /// `GET /v1/fences/{scope}`: one scope's fence (token 0 when never seen).
-    #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
+    #[tracing::instrument(skip(self), fields(admin = %self.endpoint.base.as_str()))]
     pub async fn fence(&self, scope: &str) -> Result<FenceView, ClientError> {
         self.get(&fence_path(&scope_of(scope)?)).await
     }
@@ -105,21 +99,21 @@ impl ProxyAdmin {
 
     /// `GET /v1/status`: fences with their last raise, recent rejections, the barrier,
     /// the upstream's health, the lease in fleet mode, the audit log's counters.
-    #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
+    #[tracing::instrument(skip(self), fields(admin = %self.endpoint.base.as_str()))]
     pub async fn status(&self) -> Result<palisade_protocol::ProxyStatus, ClientError> {
         self.get(palisade_protocol::status::STATUS_PATH).await
     }
 
     /// `POST /v1/fences/{scope}`: raises the fence to `token` without a write. A token
     /// below the fence is [`ClientError::Fenced`].
-    #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
+    #[tracing::instrument(skip(self), fields(admin = %self.endpoint.base.as_str()))]
     pub async fn advance(&self, scope: &str, token: u64) -> Result<AdvanceResponse, ClientError> {
         self.advance_with_proof(scope, token, None).await
     }
 
     /// Like [`advance`](Self::advance), with the token's proof (base64url), which a proxy
     /// holding the cluster's public key accepts in place of the admin credential.
-    #[tracing::instrument(skip(self, proof), fields(admin = %self.base.as_str()))]
+    #[tracing::instrument(skip(self, proof), fields(admin = %self.endpoint.base.as_str()))]
     pub async fn advance_with_proof(
         &self,
         scope: &str,
@@ -147,7 +141,7 @@ impl ProxyAdmin {
     /// `POST /v1/fences/{scope}/reset`: sets the fence to `token`, lower included, for
     /// `reason` (logged by the proxy; 1 to `RESET_REASON_BYTES_MAX` bytes, checked here
     /// before anything is sent). Needs the admin credential ([`with_bearer`](Self::with_bearer)).
-    #[tracing::instrument(skip(self), fields(admin = %self.base.as_str()))]
+    #[tracing::instrument(skip(self), fields(admin = %self.endpoint.base.as_str()))]
     pub async fn reset(
         &self,
         scope: &str,
@@ -178,26 +172,28 @@ impl ProxyAdmin {
         path: &str,
         body: &B,
     ) -> Result<crate::transport::Answer, ClientError> {
-        let url = self.base.join(path)?;
+        let url = self.endpoint.base.join(path)?;
         let request = self
             .request(Method::POST, url)
             .header(http::header::ACCEPT, JSON)
             .json(body);
-        self.transport
-            .exchange(request, self.timeout)
+        self.endpoint
+            .transport
+            .exchange(request, self.endpoint.timeout)
             .await
-            .map_err(|f| f.into_error(self.base.as_str(), &Method::POST))
+            .map_err(|f| f.into_error(self.endpoint.base.as_str(), &Method::POST))
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
-        let url = self.base.join(path)?;
+        let url = self.endpoint.base.join(path)?;
         let request = self
             .request(Method::GET, url)
             .header(http::header::ACCEPT, JSON);
-        self.transport
-            .exchange(request, self.timeout)
+        self.endpoint
+            .transport
+            .exchange(request, self.endpoint.timeout)
             .await
-            .map_err(|f| f.into_error(self.base.as_str(), &Method::GET))?
+            .map_err(|f| f.into_error(self.endpoint.base.as_str(), &Method::GET))?
             .json()
     }
 }

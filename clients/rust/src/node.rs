@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ClientError;
 use crate::source::Leadership;
-use crate::transport::{BaseUrl, ClientTls, Failure, Transport, millis};
+use crate::transport::{ClientTls, Endpoint, Failure, millis};
 
 /// Longest a plain `GET /v1/leader` (or another read) may take: the node answers from
 /// memory, so a slower answer means the node is paused, overloaded or gone.
@@ -64,16 +64,12 @@ pub fn is_establishing(view: &LeaderView) -> bool {
 /// A client of one node's HTTP API. Cheap to clone.
 #[derive(Clone)]
 pub struct NodeApi {
-    base: BaseUrl,
-    transport: Transport,
-    timeout: Duration,
+    endpoint: Endpoint,
 }
 
 impl std::fmt::Debug for NodeApi {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeApi")
-            .field("url", &self.base.as_str())
-            .finish_non_exhaustive()
+        self.endpoint.fmt_client("NodeApi", f)
     }
 }
 
@@ -86,9 +82,7 @@ impl NodeApi {
     /// Like [`new`](Self::new), with TLS settings for an `https://` URL.
     pub fn with_tls(url: &str, tls: &ClientTls) -> Result<Self, ClientError> {
         Ok(Self {
-            base: BaseUrl::parse(url)?,
-            transport: Transport::new(tls)?,
-            timeout: Duration::from_millis(NODE_REQUEST_TIMEOUT_MS),
+            endpoint: Endpoint::new(url, tls, NODE_REQUEST_TIMEOUT_MS)?,
         })
     }
 
@@ -97,25 +91,25 @@ impl NodeApi {
     /// keep their own limits.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.endpoint.timeout = timeout;
         self
     }
 
     /// The node's base URL.
     pub fn url(&self) -> String {
-        self.base.as_str().to_owned()
+        self.endpoint.base.as_str().to_owned()
     }
 
     /// `GET /v1/leader`: the node's view now.
-    #[tracing::instrument(skip(self), fields(node = %self.base.as_str()))]
+    #[tracing::instrument(skip(self), fields(node = %self.endpoint.base.as_str()))]
     pub async fn leader(&self) -> Result<LeaderView, ClientError> {
-        self.read(LEADER_PATH, self.timeout).await
+        self.read(LEADER_PATH, self.endpoint.timeout).await
     }
 
     /// `GET /v1/leader?after_term=N&timeout_ms=T`: the long poll. Answers once the
     /// node's term is above `after_term` or its view changes, or after `timeout_ms`
     /// (capped at [`LONG_POLL_WAIT_MS_MAX`]).
-    #[tracing::instrument(skip(self), fields(node = %self.base.as_str()))]
+    #[tracing::instrument(skip(self), fields(node = %self.endpoint.base.as_str()))]
     pub async fn poll(&self, poll: LongPoll) -> Result<LeaderView, ClientError> {
         if !poll.is_poll() {
             return self.leader().await;
@@ -173,7 +167,7 @@ impl NodeApi {
 
     /// `GET /v1/members`: the cluster's members as this node applied them.
     pub async fn members(&self) -> Result<MemberList, ClientError> {
-        self.read(MEMBERS_PATH, self.timeout).await
+        self.read(MEMBERS_PATH, self.endpoint.timeout).await
     }
 
     /// `POST /v1/members`: adds member `id` at peer address `peer` (`HOST:PORT`); answers
@@ -198,13 +192,13 @@ impl NodeApi {
 
     /// `GET /healthz`.
     pub async fn health(&self) -> Result<Health, ClientError> {
-        self.read(HEALTHZ_PATH, self.timeout).await
+        self.read(HEALTHZ_PATH, self.endpoint.timeout).await
     }
 
     /// `GET /v1/test/faults`: the faults of the node's peer links (404 unless the node
     /// runs with test faults on).
     pub async fn faults(&self) -> Result<FaultSpec, ClientError> {
-        self.read(TEST_FAULTS_PATH, self.timeout).await
+        self.read(TEST_FAULTS_PATH, self.endpoint.timeout).await
     }
 
     /// `POST /v1/test/faults`: replaces the faults of the node's peer links; an empty
@@ -213,7 +207,7 @@ impl NodeApi {
         self.post(
             TEST_FAULTS_PATH,
             Some(faults),
-            millis(self.timeout).max(NODE_REQUEST_TIMEOUT_MS),
+            millis(self.endpoint.timeout).max(NODE_REQUEST_TIMEOUT_MS),
         )
         .await
     }
@@ -224,12 +218,13 @@ impl NodeApi {
         path: &str,
         timeout: Duration,
     ) -> Result<T, ClientError> {
-        let url = self.base.join(path)?;
+        let url = self.endpoint.base.join(path)?;
         let request = self
+            .endpoint
             .transport
             .request(Method::GET, url)
             .header(http::header::ACCEPT, JSON);
-        match self.transport.exchange(request, timeout).await {
+        match self.endpoint.transport.exchange(request, timeout).await {
             Ok(answer) => answer.json(),
             Err(Failure::Timeout(after)) => Err(ClientError::Unreachable {
                 url: self.url(),
@@ -241,7 +236,7 @@ impl NodeApi {
                 attempts: 1,
                 reason,
             }),
-            Err(failure) => Err(failure.into_error(self.base.as_str(), &Method::GET)),
+            Err(failure) => Err(failure.into_error(self.endpoint.base.as_str(), &Method::GET)),
         }
     }
 
@@ -264,18 +259,20 @@ impl NodeApi {
         body: Option<&B>,
         timeout_ms: u64,
     ) -> Result<T, ClientError> {
-        let url = self.base.join(path)?;
+        let url = self.endpoint.base.join(path)?;
         let mut request = self
+            .endpoint
             .transport
             .request(method.clone(), url)
             .header(http::header::ACCEPT, JSON);
         if let Some(body) = body {
             request = request.json(body);
         }
-        self.transport
+        self.endpoint
+            .transport
             .exchange(request, Duration::from_millis(timeout_ms))
             .await
-            .map_err(|f| f.into_error(self.base.as_str(), &method))?
+            .map_err(|f| f.into_error(self.endpoint.base.as_str(), &method))?
             .json()
     }
 }

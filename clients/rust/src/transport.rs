@@ -269,6 +269,41 @@ impl Failure {
     }
 }
 
+/// One HTTP API a typed client talks to ([`ProxyAdmin`](crate::ProxyAdmin),
+/// [`NodeApi`](crate::NodeApi)): its base URL, the transport, and the limit on a plain
+/// call. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    pub(crate) base: BaseUrl,
+    pub(crate) transport: Transport,
+    /// Longest a plain call may take; calls that wait on purpose carry their own limit.
+    pub(crate) timeout: Duration,
+}
+
+impl Endpoint {
+    /// The API at `url` (`http://host:port` or `https://host:port`), with TLS settings
+    /// for an `https://` URL and `timeout_ms` on a plain call.
+    pub(crate) fn new(url: &str, tls: &ClientTls, timeout_ms: u64) -> Result<Self, ClientError> {
+        Ok(Self {
+            base: BaseUrl::parse(url)?,
+            transport: Transport::new(tls)?,
+            timeout: Duration::from_millis(timeout_ms),
+        })
+    }
+
+    /// `Debug` of a client of this API, named `name`: the URL only, so that a credential
+    /// the client holds is never shown.
+    pub(crate) fn fmt_client(
+        &self,
+        name: &str,
+        f: &mut std::fmt::Formatter<'_>,
+    ) -> std::fmt::Result {
+        f.debug_struct(name)
+            .field("url", &self.base.as_str())
+            .finish_non_exhaustive()
+    }
+}
+
 /// A pooled HTTP/1 and HTTP/2 client with rustls. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Transport {

@@ -1,8 +1,5 @@
-//! The errors of starting a node, of a running node, and of a leadership transfer.
-
-use palisade_storage::{OpenError, RaftLogError};
-
-use crate::config::ConfigError;
+//! The errors of a running node, of a leadership transfer and of a lease request (those
+//! of starting a node are `crate::start`'s).
 
 /// Why a transfer or resignation did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,44 +50,6 @@ pub enum TransferError {
     /// The node stopped before the transfer completed.
     #[error("the node stopped")]
     Stopped,
-}
-
-/// Why a node could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StartError {
-    /// A configuration value is wrong.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// The database could not be opened.
-    #[error(transparent)]
-    Open(#[from] OpenError),
-    /// The raft log could not be loaded.
-    #[error(transparent)]
-    Log(#[from] RaftLogError),
-    /// raft refused the stored state.
-    #[error("raft refused to start: {0}")]
-    Raft(#[from] raft::Error),
-    /// An address could not be bound.
-    #[error("cannot bind the {what} address {addr}: {source}")]
-    Bind {
-        /// `peer` or `api`.
-        what: &'static str,
-        /// The address.
-        addr: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A start-up task failed.
-    #[error("start-up task failed: {0}")]
-    Task(String),
-}
-
-impl StartError {
-    /// Whether this is a configuration error (the CLI exits 2 for these).
-    pub fn is_config(&self) -> bool {
-        matches!(self, StartError::Config(_))
-    }
 }
 
 /// Why a running node stopped on its own.

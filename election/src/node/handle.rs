@@ -9,9 +9,16 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{LeaseError, Msg, NodeError, SHUTDOWN_TASKS_TIMEOUT_MS, TransferError, Transferred};
+use palisade_protocol::{MemberList, Transferred};
+
+use super::error::{LeaseError, NodeError, TransferError};
+use super::inbox::{LeaseReply, Msg};
 use crate::leadership::{Leadership, Role};
+use crate::members::{MEMBER_CHANGE_TIMEOUT_MS, MemberChange, MemberError};
 use crate::metrics::NodeMetrics;
+
+/// Time [`NodeHandle::shutdown`] waits for background tasks after the loop stopped.
+pub const SHUTDOWN_TASKS_TIMEOUT_MS: u64 = 2_000;
 
 /// A cloneable way to send requests into the loop.
 #[derive(Clone)]
@@ -38,7 +45,7 @@ impl Commands {
     /// in a round started without gathering.
     pub(crate) async fn lease(&self, urgent: bool) -> Result<u64, LeaseError> {
         let (reply, answer) = oneshot::channel();
-        let reply = super::LeaseReply::new(reply, urgent);
+        let reply = LeaseReply::new(reply, urgent);
         self.tx
             .send(Msg::Lease { reply })
             .await
@@ -52,18 +59,45 @@ impl Commands {
     }
 
     /// Checks and proposes a membership change; `Ok` once raft took the proposal.
-    pub(crate) async fn member_change(
-        &self,
-        change: crate::members::MemberChange,
-    ) -> Result<(), crate::members::MemberError> {
+    pub(crate) async fn member_change(&self, change: MemberChange) -> Result<(), MemberError> {
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Msg::Member { change, reply })
             .await
-            .map_err(|_| crate::members::MemberError::Stopped)?;
-        answer
-            .await
-            .map_err(|_| crate::members::MemberError::Stopped)?
+            .map_err(|_| MemberError::Stopped)?;
+        answer.await.map_err(|_| MemberError::Stopped)?
+    }
+
+    /// Proposes `change` through the loop and waits (at most [`MEMBER_CHANGE_TIMEOUT_MS`])
+    /// until this node (`own_id`, whose applied members `members` shows) applied it and
+    /// left the joint configuration; answers the members then. A node asked to remove
+    /// itself answers once it applied its removal: the entry that leaves the joint
+    /// configuration may never reach it.
+    pub(crate) async fn change_members(
+        &self,
+        members: &watch::Receiver<MemberList>,
+        own_id: u64,
+        change: MemberChange,
+    ) -> Result<MemberList, MemberError> {
+        let rx = members.clone();
+        self.member_change(change.clone()).await?;
+        let removing_self = change == MemberChange::Remove { id: own_id };
+        wait_applied(rx, |l| change.is_done(l) && (!l.joint || removing_self)).await
+    }
+
+    /// Replaces the announce list through the loop and waits (at most
+    /// [`MEMBER_CHANGE_TIMEOUT_MS`]) until this node applied it (`announce` shows the list
+    /// the announcers follow).
+    pub(crate) async fn change_announce(
+        &self,
+        announce: &watch::Receiver<Vec<String>>,
+        proxies: Vec<String>,
+    ) -> Result<Vec<String>, MemberError> {
+        let rx = announce.clone();
+        let want = proxies.clone();
+        self.member_change(MemberChange::Announce { proxies })
+            .await?;
+        wait_applied(rx, |l| *l == want).await
     }
 
     /// Whether the loop is still running (it closes its inbox when it stops).
@@ -72,21 +106,41 @@ impl Commands {
     }
 }
 
+/// Waits (at most [`MEMBER_CHANGE_TIMEOUT_MS`]) until `rx` shows a value `done` accepts,
+/// and answers that value.
+async fn wait_applied<T: Clone>(
+    mut rx: watch::Receiver<T>,
+    done: impl FnMut(&T) -> bool,
+) -> Result<T, MemberError> {
+    let waited = tokio::time::timeout(
+        Duration::from_millis(MEMBER_CHANGE_TIMEOUT_MS),
+        rx.wait_for(done),
+    )
+    .await;
+    match waited {
+        Ok(Ok(value)) => Ok(value.clone()),
+        Ok(Err(_)) => Err(MemberError::Stopped),
+        Err(_) => Err(MemberError::TimedOut {
+            waited_ms: MEMBER_CHANGE_TIMEOUT_MS,
+        }),
+    }
+}
+
 /// A running node. Dropping it does not stop the node; call [`NodeHandle::shutdown`] or
 /// [`NodeHandle::stop`].
 pub struct NodeHandle {
-    pub(super) id: u64,
-    pub(super) scope: String,
-    pub(super) leadership: watch::Receiver<Leadership>,
-    pub(super) commands: Commands,
-    pub(super) shutdown: CancellationToken,
-    pub(super) main: Option<tokio::task::JoinHandle<Result<(), NodeError>>>,
-    pub(super) outcome: Option<Result<(), NodeError>>,
-    pub(super) tasks: JoinSet<()>,
-    pub(super) api_addr: Option<SocketAddr>,
-    pub(super) peer_addr: Option<SocketAddr>,
-    pub(super) metrics: NodeMetrics,
-    pub(super) members: watch::Receiver<palisade_protocol::MemberList>,
+    pub(crate) id: u64,
+    pub(crate) scope: String,
+    pub(crate) leadership: watch::Receiver<Leadership>,
+    pub(crate) commands: Commands,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) main: Option<tokio::task::JoinHandle<Result<(), NodeError>>>,
+    pub(crate) outcome: Option<Result<(), NodeError>>,
+    pub(crate) tasks: JoinSet<()>,
+    pub(crate) api_addr: Option<SocketAddr>,
+    pub(crate) peer_addr: Option<SocketAddr>,
+    pub(crate) metrics: NodeMetrics,
+    pub(crate) members: watch::Receiver<MemberList>,
 }
 
 impl std::fmt::Debug for NodeHandle {
@@ -130,30 +184,27 @@ impl NodeHandle {
 
     /// A watch of the cluster's members as this node applied them (`GET /v1/members`
     /// answers the same); it changes after each membership change or installed snapshot.
-    pub fn members(&self) -> watch::Receiver<palisade_protocol::MemberList> {
+    pub fn members(&self) -> watch::Receiver<MemberList> {
         self.members.clone()
     }
 
     /// Adds member `id` at peer address `peer` (`HOST:PORT`) through raft's joint
     /// consensus, and waits until this node applied it (at most
     /// [`crate::MEMBER_CHANGE_TIMEOUT_MS`]). On a follower the proposal goes to the leader.
-    pub async fn add_member(
-        &self,
-        id: u64,
-        peer: String,
-    ) -> Result<palisade_protocol::MemberList, crate::MemberError> {
-        let change = crate::members::MemberChange::Add { id, peer };
-        crate::members::change_and_wait(&self.commands, &self.members, self.id, change).await
+    pub async fn add_member(&self, id: u64, peer: String) -> Result<MemberList, MemberError> {
+        let change = MemberChange::Add { id, peer };
+        self.commands
+            .change_members(&self.members, self.id, change)
+            .await
     }
 
     /// Removes member `id` (never the leader: move leadership first), and waits like
     /// [`NodeHandle::add_member`]. The id is never accepted again.
-    pub async fn remove_member(
-        &self,
-        id: u64,
-    ) -> Result<palisade_protocol::MemberList, crate::MemberError> {
-        let change = crate::members::MemberChange::Remove { id };
-        crate::members::change_and_wait(&self.commands, &self.members, self.id, change).await
+    pub async fn remove_member(&self, id: u64) -> Result<MemberList, MemberError> {
+        let change = MemberChange::Remove { id };
+        self.commands
+            .change_members(&self.members, self.id, change)
+            .await
     }
 
     /// The node's metrics in Prometheus text format.

@@ -8,17 +8,14 @@ use palisade_protocol::process::events;
 use palisade_storage::MembersTable;
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChange, ConfChangeV2, Entry, EntryType, Message, MessageType};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::NodeError;
+use super::error::NodeError;
 use super::guard::DropCause;
+use super::inbox::MemberReply;
 use super::ready::{ElectionLoop, blocking};
 use crate::members::{self, MemberChange, MemberError};
-
-/// A membership request waiting for the loop: the change and where the outcome of its
-/// proposal goes (the API then waits for the change to be applied).
-pub(crate) type MemberReply = oneshot::Sender<Result<(), MemberError>>;
 
 /// The loop's membership state.
 pub(crate) struct Membership {
@@ -36,15 +33,17 @@ pub(crate) struct Membership {
     /// Set when this node must stop: its storage lost entries the cluster acknowledged.
     pub(crate) lost: Option<NodeError>,
     /// The announce list the announcers follow (the flags', or the one the cluster agreed
-    /// on); a node with fleet leases keeps its flags'.
+    /// on); a node with fleet leases keeps its flags'. The loop only publishes it: whoever
+    /// started the node runs the announcers that follow it.
     pub(crate) announce_tx: watch::Sender<Vec<String>>,
     /// Whether this node runs fleet leases (`--lease-ms`): then the announce list is fixed.
     pub(crate) leases_on: bool,
-    /// Entries kept behind the applied index at compaction ([`super::LOG_ENTRIES_RETAINED`]
-    /// unless a start option says otherwise).
+    /// Entries kept behind the applied index at compaction
+    /// ([`super::setup::LOG_ENTRIES_RETAINED`] unless a start option says otherwise).
     pub(crate) retained: u64,
     /// Compaction runs once this many more entries than `retained` accumulated
-    /// ([`super::LOG_COMPACT_STEP`] unless a start option says otherwise; at least 1).
+    /// ([`super::setup::LOG_COMPACT_STEP`] unless a start option says otherwise; at
+    /// least 1).
     pub(crate) compact_step: u64,
 }
 
@@ -374,148 +373,4 @@ impl ElectionLoop {
         }
         None
     }
-}
-
-/// How a node starts, beyond its [`crate::NodeConfig`].
-#[derive(Debug, Clone, Default)]
-pub struct StartOptions {
-    /// Join a running cluster (`palisade node --join URL`): the member list a member
-    /// answered, which must name this node. A node with an empty log then does not
-    /// create a membership of its own (it must never elect itself alone): it waits for
-    /// the leader's snapshot. A node whose log already has the cluster restarts normally.
-    pub join: Option<MemberList>,
-    /// Entries kept behind the applied index when the log is compacted, and compacted at
-    /// once when as many more accumulated. `None`: 1,000 retained, compacted every 1,000
-    /// more. Small values make compaction (and snapshots) happen in tests.
-    pub log_entries_retained: Option<u64>,
-}
-
-/// Prepares the members table a node starts with, initializing a new log from `--peers`
-/// unless the node joins. Refuses a removed id and a log that belongs to another node.
-pub(super) async fn prepare(
-    config: &crate::config::NodeConfig,
-    log: &palisade_storage::RaftLog,
-    join: Option<&MemberList>,
-) -> Result<MembersTable, super::StartError> {
-    use crate::config::ConfigError;
-    let id = config.id;
-    let peers = config.peers.clone();
-    let join = join.cloned();
-    let log = log.clone();
-    super::blocking_start(move || {
-        if log.is_initialized() {
-            let cs = log.conf_state();
-            let mut table = log.members();
-            if table.is_empty() {
-                // A log written before membership changes: its voters are the members,
-                // at the addresses `--peers` gives.
-                let mut initial = std::collections::BTreeMap::new();
-                for voter in &cs.voters {
-                    let addr = peers.get(voter).ok_or_else(|| {
-                        ConfigError::new(
-                            "peers",
-                            format!("does not name voter {voter} of this node's log"),
-                        )
-                    })?;
-                    initial.insert(*voter, addr.clone());
-                }
-                table = MembersTable::initial(&initial);
-            }
-            if table.is_removed(id) {
-                return Err(ConfigError::new(
-                    "id",
-                    format!(
-                        "node {id} was removed from the cluster (this data directory still \
-                         holds its log); ids are never reused: add this machine under a new \
-                         id and start it with --join and an empty data directory"
-                    ),
-                )
-                .into());
-            }
-            let in_conf = members::conf_ids(&cs).any(|v| v == id);
-            if !in_conf && !table.is_member(id) {
-                return Err(ConfigError::new(
-                    "data_dir",
-                    format!(
-                        "holds the raft log of a cluster whose members {:?} do not include \
-                         node {id}: it belongs to another node or cluster; use an empty \
-                         data directory",
-                        table.members().keys().collect::<Vec<_>>()
-                    ),
-                )
-                .into());
-            }
-            return Ok(table);
-        }
-        if let Some(list) = join {
-            if list.removed.contains(&id) {
-                return Err(ConfigError::new(
-                    "id",
-                    format!("node {id} was removed from the cluster; ids are never reused"),
-                )
-                .into());
-            }
-            if !list.members.iter().any(|m| m.id == id) {
-                return Err(ConfigError::new(
-                    "id",
-                    format!(
-                        "node {id} is not a member of the cluster yet: run `palisade member \
-                             add --node URL --id {id} --peer HOST:PORT` first"
-                    ),
-                )
-                .into());
-            }
-            return Ok(members::table_from_list(&list));
-        }
-        log.initialize_members(&peers)?;
-        Ok(log.members())
-    })
-    .await
-}
-
-/// Runs the announcer for the current announce list, and a new one (the old one stopped)
-/// each time the list changes. `make` builds an announcer for a list, stopped by the token
-/// it is given. No announcer runs while the list is empty.
-pub(super) fn spawn_announcers<F>(
-    make: F,
-    mut lists: watch::Receiver<Vec<String>>,
-    shutdown: tokio_util::sync::CancellationToken,
-    tasks: &mut tokio::task::JoinSet<()>,
-    span: tracing::Span,
-) where
-    F: Fn(Vec<String>, tokio_util::sync::CancellationToken) -> crate::announce::Announcer
-        + Send
-        + 'static,
-{
-    use tracing::Instrument as _;
-    tasks.spawn(
-        async move {
-            loop {
-                let urls = lists.borrow_and_update().clone();
-                let stop = shutdown.child_token();
-                let running = (!urls.is_empty()).then(|| {
-                    tokio::spawn(crate::announce::run(make(urls, stop.clone())).in_current_span())
-                });
-                tokio::select! {
-                    () = shutdown.cancelled() => {}
-                    changed = lists.changed() => {
-                        if changed.is_ok() {
-                            stop.cancel();
-                            if let Some(task) = running {
-                                // The announcer ends at its token; a panic there was logged.
-                                let _ = task.await;
-                            }
-                            continue;
-                        }
-                    }
-                }
-                stop.cancel();
-                if let Some(task) = running {
-                    let _ = task.await;
-                }
-                return;
-            }
-        }
-        .instrument(span),
-    );
 }

@@ -16,14 +16,21 @@ use tracing::{debug, error, info, warn};
 use palisade_protocol::process::events;
 use palisade_storage::{RaftLog, RaftLogError, ReadyWrite};
 
+use super::error::{LeaseError, NodeError, TransferError};
 use super::guard::{DropLog, Guard, LocalState};
-use super::lease::LeaseRounds;
+use super::inbox::{INBOX_BATCH_MAX, Msg};
+use super::lease_rounds::LeaseRounds;
+use super::membership::Membership;
 use super::signer::TokenSigner;
 use super::transfer::PendingTransfer;
-use super::{INBOX_BATCH_MAX, LeaseError, Msg, NodeError, READY_ROUNDS_MAX, TransferError};
 use crate::leadership::{Leadership, Role};
 use crate::metrics::NodeMetrics;
+use crate::score::board::ScoreBoard;
 use crate::transport::{Delivery, Transport};
+
+/// `Ready` rounds handled per wake-up: advancing can make a new `Ready` at once (a commit
+/// learned while persisting); a bound keeps the loop from starving its tick.
+pub const READY_ROUNDS_MAX: usize = 8;
 
 /// The election loop's state. Owned by one task.
 pub(super) struct ElectionLoop {
@@ -67,9 +74,9 @@ pub(super) struct ElectionLoop {
     /// The term this node is established in and when (monotonic clock) it saw that.
     pub(super) established_at: Option<(u64, tokio::time::Instant)>,
     /// Scores (`--score-oracle`); `None`: raft's randomized election, no score frames.
-    pub(super) scores: Option<crate::score::ScoreBoard>,
+    pub(super) scores: Option<ScoreBoard>,
     /// The members table and its watchers (see `membership`).
-    pub(super) membership: super::membership::Membership,
+    pub(super) membership: Membership,
 }
 
 impl ElectionLoop {

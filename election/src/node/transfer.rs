@@ -5,8 +5,10 @@ use raft::StateRole;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
+use palisade_protocol::Transferred;
+
+use super::error::TransferError;
 use super::ready::ElectionLoop;
-use super::{TransferError, Transferred};
 
 /// A transfer waiting for its outcome.
 pub(super) struct PendingTransfer {

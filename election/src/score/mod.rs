@@ -32,7 +32,9 @@
 //!   `--score-hold-ms`. Scores moving within the margin never transfer.
 //!
 //! # Layout
-//! - `mod.rs` (this file): [`ScoreOracle`], its default and `off`, the limits and defaults.
+//! - `mod.rs` (this file): [`ScoreOracle`], its default and `off`, the limits and defaults
+//!   (what the configuration needs, so this file imports nothing of the crate but
+//!   `timeout`).
 //! - `order`: the order of scores with the margin, and a node's rank.
 //! - `timeout`: the election timeout of a rank.
 //! - `rtt`: round-trip samples and their median; θc for `consensus-latency`.
@@ -41,17 +43,14 @@
 //! - `board`: the election loop's score state: sharing frames, receiving them, setting
 //!   the election timeout, deciding resignations, and the leader view's `scores`.
 
-mod board;
+pub(crate) mod board;
 mod order;
-mod probe;
+pub(crate) mod probe;
 mod resign;
 mod rtt;
 mod timeout;
 
 use serde::{Deserialize, Serialize};
-
-pub(crate) use board::{ScoreBoard, SharedScoreView, read_view};
-pub(crate) use probe::spawn_storage_probe;
 
 /// How a node scores itself (`--score-oracle`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -1,10 +1,10 @@
 //! The election timeout of a rank.
 //!
 //! raft-rs draws a follower's election timeout at random in `[min, max)` ticks whenever
-//! it resets its election state; [`ScoreBoard`](super::ScoreBoard) overrides it before
-//! every tick with this function's value, so the value raft compares with is always the
-//! rank's. raft-rs asserts `min <= t < max`; the result is clamped into that range, so it
-//! can never go below `election_ticks`.
+//! it resets its election state; [`ScoreBoard`](super::board::ScoreBoard) overrides it
+//! before every tick with this function's value, so the value raft compares with is
+//! always the rank's. raft-rs asserts `min <= t < max`; the result is clamped into that
+//! range, so it can never go below `election_ticks`.
 
 /// The election timeout in ticks of a node at `rank`: `min + grace` for rank 0; for rank
 /// `r > 0`, `min + grace + r * slot + jitter` with `jitter < slot` (the random part that

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use raft::eraftpb::Message;
 
-use super::{Delivery, PeerInbox, ScoreFrame, Transport};
+use super::{Delivery, Inbound, PeerInbox, ScoreFrame, Transport};
 
 #[derive(Default)]
 struct Net {
@@ -124,7 +124,7 @@ impl Transport for MemTransport {
         let Some(msg) = checked else {
             return Delivery::Unreachable;
         };
-        if inbox.try_deliver(msg) {
+        if inbox.try_deliver(Inbound::Raft(Box::new(msg))) {
             *self.net.lock().delivered.entry((self.id, to)).or_default() += 1;
             Delivery::Queued
         } else {
@@ -138,7 +138,11 @@ impl Transport for MemTransport {
         };
         // The same check as the TCP reader; score frames are not counted in `delivered`,
         // which tests use to see raft traffic.
-        if super::check_score(&frame).is_err() || !inbox.try_deliver_score(self.id, frame) {
+        let score = Inbound::Score {
+            from: self.id,
+            frame,
+        };
+        if super::check_score(&frame).is_err() || !inbox.try_deliver(score) {
             return Delivery::Unreachable;
         }
         Delivery::Queued

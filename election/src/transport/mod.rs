@@ -3,7 +3,9 @@
 //! The election loop hands each outgoing message to a `Transport`, which must never
 //! block: it queues the message or drops it and says so, and the loop reports dropped
 //! destinations to raft with `report_unreachable`. Raft resends what matters. Incoming
-//! messages reach the loop through its inbox ([`PeerInbox`]) after `check_inbound`.
+//! messages reach the loop through its inbox ([`PeerInbox`]) after `check_inbound`, as
+//! the transport's own `Inbound` type, which the loop's message converts from: the
+//! transport knows nothing of the loop.
 //!
 //! Nodes started with a score oracle (`crate::score`) also send [`ScoreFrame`]s over the
 //! same links, in the same [`PeerFrame`] envelope (its `score` field instead of a raft
@@ -19,25 +21,18 @@ pub mod mem;
 pub(crate) mod tcp;
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 use tokio::sync::mpsc;
 
-use crate::node::Msg;
-
-/// Largest frame accepted or sent on a peer connection, in bytes. raft messages here are
-/// small (an election cluster replicates one empty entry per term); the bound stops a
-/// hostile or broken peer from making us allocate without limit and keeps protobuf 2's
-/// recursive decoder (RUSTSEC-2024-0437) away from large inputs.
-pub const FRAME_BYTES_MAX: usize = 4 * 1024 * 1024;
-/// raft's `max_size_per_msg`: the entry bytes of one append, well under [`FRAME_BYTES_MAX`].
-pub const RAFT_MSG_BYTES_MAX: u64 = 1024 * 1024;
-/// raft's `max_inflight_msgs`: appends pipelined per follower. The peer queue holds more.
-pub const RAFT_INFLIGHT_MSGS_MAX: usize = 64;
-/// Messages queued for one peer's writer. More than raft's in-flight appends plus a round of
-/// heartbeats and votes; when full, messages are dropped and the peer reported unreachable.
-pub const PEER_QUEUE_MAX: usize = 256;
+/// The peer protocol's limits, defined with the node's other limits in `crate::config`.
+pub use crate::config::{
+    FRAME_BYTES_MAX, PEER_QUEUE_MAX, RAFT_INFLIGHT_MSGS_MAX, RAFT_MSG_BYTES_MAX, SCORE_ABS_MAX,
+};
 
 /// What happened to one outgoing message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,10 +57,26 @@ pub(crate) trait Transport: Send + 'static {
     fn set_peers(&mut self, _peers: &BTreeMap<u64, String>) {}
 }
 
+/// A checked message from a peer, as a transport delivers it. The election loop's inbox
+/// carries more than peer traffic; its message type converts from this one, so the
+/// transports need not know it.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    /// A raft message ([`check_inbound`]).
+    Raft(Box<Message>),
+    /// A score frame from peer `from` ([`check_score`]).
+    Score {
+        /// The peer that sent it (the connection's, not a claim of the frame).
+        from: u64,
+        /// The frame.
+        frame: ScoreFrame,
+    },
+}
+
 /// The sending side of a node's inbox, for transports to deliver checked messages.
 #[derive(Clone)]
 pub struct PeerInbox {
-    tx: mpsc::Sender<Msg>,
+    tx: Arc<dyn InboxSender>,
 }
 
 impl std::fmt::Debug for PeerInbox {
@@ -74,36 +85,59 @@ impl std::fmt::Debug for PeerInbox {
     }
 }
 
+/// A bounded channel whose messages convert from [`Inbound`], seen without its message
+/// type.
+trait InboxSender: Send + Sync {
+    /// Delivers `msg` if there is room now: `Ok(true)`, or `Ok(false)` when the inbox is
+    /// closed; a full inbox gives `msg` back.
+    fn try_send(&self, msg: Inbound) -> Result<bool, Inbound>;
+    /// Waits for room, then delivers `msg`; false when the inbox is closed.
+    fn send(&self, msg: Inbound) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
+}
+
+impl<M: From<Inbound> + Send + 'static> InboxSender for mpsc::Sender<M> {
+    fn try_send(&self, msg: Inbound) -> Result<bool, Inbound> {
+        match self.try_reserve() {
+            Ok(permit) => {
+                permit.send(M::from(msg));
+                Ok(true)
+            }
+            Err(mpsc::error::TrySendError::Full(())) => Err(msg),
+            Err(mpsc::error::TrySendError::Closed(())) => Ok(false),
+        }
+    }
+
+    fn send(&self, msg: Inbound) -> Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(async move { mpsc::Sender::send(self, M::from(msg)).await.is_ok() })
+    }
+}
+
 impl PeerInbox {
-    pub(crate) fn new(tx: mpsc::Sender<Msg>) -> Self {
-        Self { tx }
+    /// The inbox that `tx` fills: the election loop's, or (in tests) a channel of
+    /// [`Inbound`] itself.
+    pub(crate) fn new<M: From<Inbound> + Send + 'static>(tx: mpsc::Sender<M>) -> Self {
+        Self { tx: Arc::new(tx) }
     }
 
     /// Delivers `msg`, waiting for room (back-pressure onto the connection). Returns false
     /// when the node has stopped.
-    pub(crate) async fn deliver(&self, msg: Message) -> bool {
-        self.tx.send(Msg::Raft(Box::new(msg))).await.is_ok()
-    }
-
-    /// Whether both are the same node's inbox.
-    pub(crate) fn same_inbox(&self, other: &PeerInbox) -> bool {
-        self.tx.same_channel(&other.tx)
+    pub(crate) async fn deliver(&self, msg: Inbound) -> bool {
+        // Room now (the usual case) needs no allocation; only a full inbox is waited on,
+        // through the boxed future of the channel's own `send`.
+        match self.tx.try_send(msg) {
+            Ok(delivered) => delivered,
+            Err(msg) => self.tx.send(msg).await,
+        }
     }
 
     /// Delivers `msg` if there is room now. Returns false when it was dropped.
-    pub(crate) fn try_deliver(&self, msg: Message) -> bool {
-        self.tx.try_send(Msg::Raft(Box::new(msg))).is_ok()
+    pub(crate) fn try_deliver(&self, msg: Inbound) -> bool {
+        matches!(self.tx.try_send(msg), Ok(true))
     }
 
-    /// Delivers a checked score frame from `from`, waiting for room. Returns false when the
-    /// node has stopped.
-    pub(crate) async fn deliver_score(&self, from: u64, frame: ScoreFrame) -> bool {
-        self.tx.send(Msg::Score { from, frame }).await.is_ok()
-    }
-
-    /// Delivers a checked score frame from `from` if there is room now.
-    pub(crate) fn try_deliver_score(&self, from: u64, frame: ScoreFrame) -> bool {
-        self.tx.try_send(Msg::Score { from, frame }).is_ok()
+    /// Whether both are the same node's inbox (clones of one `PeerInbox`).
+    pub(crate) fn same_inbox(&self, other: &PeerInbox) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.tx), Arc::as_ptr(&other.tx))
     }
 }
 
@@ -154,10 +188,6 @@ pub struct ScoreFrame {
     pub echo_held_us: u64,
 }
 
-/// The largest score magnitude a frame may carry (and a static `--score` may have): far
-/// beyond any sensible score, and small enough that differences and margins stay exact
-/// in an `f64`.
-pub const SCORE_ABS_MAX: f64 = 1e12;
 /// The longest echo hold a frame may claim, in microseconds: a peer holds an echo for at
 /// most one share period, and one minute rules out only nonsense.
 pub const SCORE_ECHO_HELD_US_MAX: u64 = 60_000_000;
@@ -184,15 +214,6 @@ pub(crate) fn check_score(frame: &ScoreFrame) -> Result<(), InboundError> {
     Ok(())
 }
 
-/// What one received frame carries, once checked.
-#[derive(Debug)]
-pub(crate) enum Inbound {
-    /// A raft message.
-    Raft(Message),
-    /// A score frame.
-    Score(ScoreFrame),
-}
-
 /// Checks a received [`PeerFrame`] from `peer` at `me`: a raft message
 /// ([`check_inbound`]) or a score frame ([`check_score`]), never both.
 pub(crate) fn check_frame(frame: &PeerFrame, peer: u64, me: u64) -> Result<Inbound, InboundError> {
@@ -201,8 +222,11 @@ pub(crate) fn check_frame(frame: &PeerFrame, peer: u64, me: u64) -> Result<Inbou
             "frame carries both a score and a raft payload of {} bytes",
             frame.payload.len()
         ))),
-        Some(score) => check_score(&score).map(|()| Inbound::Score(score)),
-        None => check_inbound(&frame.payload, peer, me).map(Inbound::Raft),
+        Some(score) => check_score(&score).map(|()| Inbound::Score {
+            from: peer,
+            frame: score,
+        }),
+        None => check_inbound(&frame.payload, peer, me).map(|msg| Inbound::Raft(Box::new(msg))),
     }
 }
 

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::open_database;
+use palisade_cluster::wait;
+use std::future::ready;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -12,8 +14,42 @@ const NOT_BLOCKED_TIMEOUT_MS: u64 = 10_000;
 const BLOCKED_WATCH_MS: u64 = 200;
 
 fn register(dir: &tempfile::TempDir, scopes_max: usize) -> FenceRegister {
+    register_on(dir, scopes_max).1
+}
+
+/// A register in `dir` and its database, for a test to hold redb's only write transaction.
+fn register_on(dir: &tempfile::TempDir, scopes_max: usize) -> (Arc<redb::Database>, FenceRegister) {
     let db = open_database(&dir.path().join("fences.redb")).unwrap();
-    FenceRegister::open(db, scopes_max).unwrap()
+    let fences = FenceRegister::open(Arc::clone(&db), scopes_max).unwrap();
+    (db, fences)
+}
+
+/// Presents each `(scope, token)` in order and asserts the outcome given beside it.
+fn advances(fences: &FenceRegister, steps: &[(&str, u64, Advance)]) {
+    for (i, &(scope, token, expected)) in steps.iter().enumerate() {
+        let outcome = fences.advance(scope, token).unwrap();
+        assert_eq!(outcome, expected, "step {i}: {token} to {scope}");
+    }
+}
+
+/// The next `n` answers on `rx`, each within [`NOT_BLOCKED_TIMEOUT_MS`].
+fn answers<T>(rx: &mpsc::Receiver<T>, n: usize) -> Vec<T> {
+    (0..n)
+        .map(|_| {
+            rx.recv_timeout(Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Waits (polling, on a runtime of the calling test) until `condition` holds, for at most
+/// [`NOT_BLOCKED_TIMEOUT_MS`].
+async fn until(what: &str, condition: impl Fn() -> bool) {
+    wait::poll(Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS), || {
+        ready(condition().then_some(()))
+    })
+    .await
+    .unwrap_or_else(|| panic!("timed out waiting for {what}"));
 }
 
 /// Goal: higher raises, equal is unchanged, lower is stale and reports the fence.
@@ -23,26 +59,23 @@ fn higher_raises_equal_is_unchanged_lower_is_stale() {
     let dir = tempfile::tempdir().unwrap();
     let fences = register(&dir, SCOPES_MAX_DEFAULT);
     assert_eq!(fences.current("orders"), 0);
-
-    assert_eq!(
-        fences.advance("orders", 5).unwrap(),
-        Advance::Raised { previous: 0 }
+    advances(&fences, &[("orders", 5, Advance::Raised { previous: 0 })]);
+    assert_eq!(fences.current("orders"), 5);
+    advances(
+        &fences,
+        &[
+            ("orders", 5, Advance::Unchanged),
+            ("orders", 3, Advance::Stale { current: 5 }),
+        ],
     );
     assert_eq!(fences.current("orders"), 5);
-    assert_eq!(fences.advance("orders", 5).unwrap(), Advance::Unchanged);
-    assert_eq!(
-        fences.advance("orders", 3).unwrap(),
-        Advance::Stale { current: 5 }
-    );
-    assert_eq!(fences.current("orders"), 5);
-    assert_eq!(
-        fences.advance("orders", 9).unwrap(),
-        Advance::Raised { previous: 5 }
-    );
-    assert_eq!(fences.advance("orders", 9).unwrap(), Advance::Unchanged);
-    assert_eq!(
-        fences.advance("orders", 1).unwrap(),
-        Advance::Stale { current: 9 }
+    advances(
+        &fences,
+        &[
+            ("orders", 9, Advance::Raised { previous: 5 }),
+            ("orders", 9, Advance::Unchanged),
+            ("orders", 1, Advance::Stale { current: 9 }),
+        ],
     );
     assert_eq!(fences.current("orders"), 9);
 }
@@ -54,10 +87,7 @@ fn scopes_are_independent() {
     let fences = register(&dir, SCOPES_MAX_DEFAULT);
     fences.advance("a", 7).unwrap();
     assert_eq!(fences.current("b"), 0);
-    assert_eq!(
-        fences.advance("b", 2).unwrap(),
-        Advance::Raised { previous: 0 }
-    );
+    advances(&fences, &[("b", 2, Advance::Raised { previous: 0 })]);
     assert_eq!(fences.current("a"), 7);
     assert_eq!(fences.current("b"), 2);
 }
@@ -71,10 +101,7 @@ fn token_zero_on_new_scope_is_unchanged_and_adds_no_scope() {
     assert_eq!(fences.advance("new", 0).unwrap(), Advance::Unchanged);
     assert!(fences.list().is_empty());
     // The one allowed scope is still free.
-    assert_eq!(
-        fences.advance("other", 1).unwrap(),
-        Advance::Raised { previous: 0 }
-    );
+    advances(&fences, &[("other", 1, Advance::Raised { previous: 0 })]);
 }
 
 /// Goal: a raised fence is on disk, not only in memory.
@@ -87,22 +114,18 @@ fn fence_survives_reopen() {
         fences.advance("orders", 41).unwrap();
         fences.advance("orders", 42).unwrap();
         fences.advance("users", 3).unwrap();
-        assert_eq!(
-            fences.advance("users", 2).unwrap(),
-            Advance::Stale { current: 3 }
-        );
+        advances(&fences, &[("users", 2, Advance::Stale { current: 3 })]);
     }
     let fences = register(&dir, SCOPES_MAX_DEFAULT);
     assert_eq!(fences.current("orders"), 42);
     assert_eq!(fences.current("users"), 3);
-    assert_eq!(
-        fences.advance("orders", 42).unwrap(),
-        Advance::Unchanged,
-        "the reopened fence is the last raise"
-    );
-    assert_eq!(
-        fences.advance("orders", 43).unwrap(),
-        Advance::Raised { previous: 42 }
+    // The reopened fence is the last raise.
+    advances(
+        &fences,
+        &[
+            ("orders", 42, Advance::Unchanged),
+            ("orders", 43, Advance::Raised { previous: 42 }),
+        ],
     );
 }
 
@@ -125,10 +148,7 @@ fn new_scope_over_limit_is_refused_and_existing_scopes_still_rise() {
             "scope limit reached: 2 scopes exist, cannot add c"
         );
         assert_eq!(fences.current("c"), 0);
-        assert_eq!(
-            fences.advance("a", 2).unwrap(),
-            Advance::Raised { previous: 1 }
-        );
+        advances(&fences, &[("a", 2, Advance::Raised { previous: 1 })]);
     }
     // Scopes loaded from disk count against the limit.
     let fences = register(&dir, 2);
@@ -163,10 +183,7 @@ fn reserved_scopes_are_always_available_and_not_counted() {
             fences.advance("c", 1),
             Err(AdvanceError::ScopeLimit { scopes_max: 2, .. })
         ));
-        assert_eq!(
-            fences.advance("default", 3).unwrap(),
-            Advance::Raised { previous: 0 }
-        );
+        advances(&fences, &[("default", 3, Advance::Raised { previous: 0 })]);
         assert_eq!(fences.reset("billing", 4).unwrap(), 0);
         assert!(matches!(
             fences.advance("c", 1),
@@ -178,10 +195,7 @@ fn reserved_scopes_are_always_available_and_not_counted() {
         fences.advance("c", 1),
         Err(AdvanceError::ScopeLimit { .. })
     ));
-    assert_eq!(
-        fences.advance("billing", 5).unwrap(),
-        Advance::Raised { previous: 4 }
-    );
+    advances(&fences, &[("billing", 5, Advance::Raised { previous: 4 })]);
     assert_eq!(fences.list().len(), 4);
     // Opened without the reservation, the same four scopes all count: the reservation
     // is what kept `default` and `billing` out of the count.
@@ -220,8 +234,7 @@ fn list_is_sorted_by_scope() {
 #[test]
 fn equal_and_lower_tokens_do_no_disk_io() {
     let dir = tempfile::tempdir().unwrap();
-    let db = open_database(&dir.path().join("fences.redb")).unwrap();
-    let fences = FenceRegister::open(Arc::clone(&db), SCOPES_MAX_DEFAULT).unwrap();
+    let (db, fences) = register_on(&dir, SCOPES_MAX_DEFAULT);
     fences.advance("orders", 10).unwrap();
 
     let writer = db.begin_write().unwrap();
@@ -307,10 +320,7 @@ fn open_without_fence_table_starts_empty() {
     let db = Arc::new(redb::Database::create(&path).unwrap());
     let fences = FenceRegister::open(db, SCOPES_MAX_DEFAULT).unwrap();
     assert!(fences.list().is_empty());
-    assert_eq!(
-        fences.advance("s", 1).unwrap(),
-        Advance::Raised { previous: 0 }
-    );
+    advances(&fences, &[("s", 1, Advance::Raised { previous: 0 })]);
 }
 
 /// Goal: a reset lowers a fence durably: after a reopen the fence is the reset value, and
@@ -332,13 +342,12 @@ fn reset_lowers_the_fence_durably_across_reopen() {
     let fences = register(&dir, SCOPES_MAX_DEFAULT);
     assert_eq!(fences.current("orders"), 5, "the reset is on disk");
     assert_eq!(fences.current("users"), 3, "other scopes are untouched");
-    assert_eq!(
-        fences.advance("orders", 4).unwrap(),
-        Advance::Stale { current: 5 }
-    );
-    assert_eq!(
-        fences.advance("orders", 6).unwrap(),
-        Advance::Raised { previous: 5 }
+    advances(
+        &fences,
+        &[
+            ("orders", 4, Advance::Stale { current: 5 }),
+            ("orders", 6, Advance::Raised { previous: 5 }),
+        ],
     );
 }
 
@@ -365,10 +374,7 @@ fn reset_to_any_value_and_the_scope_limit() {
     }
     let fences = register(&dir, 1);
     assert_eq!(fences.current("a"), 0);
-    assert_eq!(
-        fences.advance("a", 1).unwrap(),
-        Advance::Raised { previous: 0 }
-    );
+    advances(&fences, &[("a", 1, Advance::Raised { previous: 0 })]);
 }
 
 /// Goal: a reset writes to disk (it is not a memory-only change that a restart undoes).
@@ -377,8 +383,7 @@ fn reset_to_any_value_and_the_scope_limit() {
 #[test]
 fn reset_waits_for_the_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let db = open_database(&dir.path().join("fences.redb")).unwrap();
-    let fences = FenceRegister::open(Arc::clone(&db), SCOPES_MAX_DEFAULT).unwrap();
+    let (db, fences) = register_on(&dir, SCOPES_MAX_DEFAULT);
     fences.advance("orders", 10).unwrap();
     let writer = db.begin_write().unwrap();
     let (done_tx, done_rx) = mpsc::channel();
@@ -410,11 +415,10 @@ fn reset_waits_for_the_disk() {
 /// one more of the first scope behind it; release: the four scopes and the second raise
 /// of the first scope land in one further commit, so five raises take two commits, and
 /// every caller saw its own raise (or the higher one of its scope) when it returned.
-#[test]
-fn concurrent_raises_share_one_commit() {
+#[tokio::test]
+async fn concurrent_raises_share_one_commit() {
     let dir = tempfile::tempdir().unwrap();
-    let db = open_database(&dir.path().join("fences.redb")).unwrap();
-    let fences = FenceRegister::open(Arc::clone(&db), SCOPES_MAX_DEFAULT).unwrap();
+    let (db, fences) = register_on(&dir, SCOPES_MAX_DEFAULT);
     assert_eq!(fences.commits(), 0);
 
     let writer = db.begin_write().unwrap();
@@ -434,12 +438,15 @@ fn concurrent_raises_share_one_commit() {
         })
     };
     threads.push(spawn("a", 1));
-    wait_until(|| fences.queued() == 0 && fences.shared.queue.lock().unwrap().committing);
+    until("the first raise to commit its batch", || {
+        fences.queued() == 0 && fences.shared.queue.lock().unwrap().committing
+    })
+    .await;
     for scope in ["b", "c", "d", "e"] {
         threads.push(spawn(scope, 5));
     }
     threads.push(spawn("a", 2));
-    wait_until(|| fences.queued() == 5);
+    until("five raises queued", || fences.queued() == 5).await;
     assert!(
         done_rx
             .recv_timeout(Duration::from_millis(BLOCKED_WATCH_MS))
@@ -447,13 +454,7 @@ fn concurrent_raises_share_one_commit() {
         "a raise was answered while redb's writer was held"
     );
     drop(writer);
-    let answers: Vec<_> = (0..6)
-        .map(|_| {
-            done_rx
-                .recv_timeout(Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS))
-                .unwrap()
-        })
-        .collect();
+    let answers = answers(&done_rx, 6);
     for thread in threads {
         thread.join().unwrap();
     }
@@ -490,11 +491,10 @@ fn concurrent_raises_share_one_commit() {
 /// are answered stale with the new fence, an equal second caller unchanged.
 /// Method: hold redb's writer behind a first raise, queue 3, 7, 7 and 5 for one scope,
 /// release, and check each answer and the single extra commit.
-#[test]
-fn a_batch_raises_each_scope_to_its_highest_token() {
+#[tokio::test]
+async fn a_batch_raises_each_scope_to_its_highest_token() {
     let dir = tempfile::tempdir().unwrap();
-    let db = open_database(&dir.path().join("fences.redb")).unwrap();
-    let fences = FenceRegister::open(Arc::clone(&db), SCOPES_MAX_DEFAULT).unwrap();
+    let (db, fences) = register_on(&dir, SCOPES_MAX_DEFAULT);
     let writer = db.begin_write().unwrap();
     let (done_tx, done_rx) = mpsc::channel();
     let spawn = |token: u64| {
@@ -507,19 +507,16 @@ fn a_batch_raises_each_scope_to_its_highest_token() {
         })
     };
     let mut threads = vec![spawn(1)];
-    wait_until(|| fences.queued() == 0 && fences.shared.queue.lock().unwrap().committing);
+    until("the first raise to commit its batch", || {
+        fences.queued() == 0 && fences.shared.queue.lock().unwrap().committing
+    })
+    .await;
     for token in [3, 7, 7, 5] {
         threads.push(spawn(token));
     }
-    wait_until(|| fences.queued() == 4);
+    until("four raises queued", || fences.queued() == 4).await;
     drop(writer);
-    let mut answers: Vec<_> = (0..5)
-        .map(|_| {
-            done_rx
-                .recv_timeout(Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS))
-                .unwrap()
-        })
-        .collect();
+    let mut answers = answers(&done_rx, 5);
     for thread in threads {
         thread.join().unwrap();
     }
@@ -536,16 +533,4 @@ fn a_batch_raises_each_scope_to_its_highest_token() {
     );
     assert_eq!(fences.current("s"), 7);
     assert_eq!(fences.commits(), 2);
-}
-
-/// Polls `condition` until it holds, failing after [`NOT_BLOCKED_TIMEOUT_MS`].
-fn wait_until(condition: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_millis(NOT_BLOCKED_TIMEOUT_MS);
-    while !condition() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "condition not reached within {NOT_BLOCKED_TIMEOUT_MS} ms"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
 }

@@ -7,9 +7,7 @@ use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
 use std::path::Path;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use palisade_protocol::proof::proof_message;
+use palisade_protocol::proof::{encode_proof, proof_message};
 use ring::signature::Ed25519KeyPair;
 use rustls::pki_types::PrivatePkcs8KeyDer;
 use rustls::pki_types::pem::PemObject as _;
@@ -22,7 +20,7 @@ const ADMIN_TOKEN: &str = "cli-test-admin-token-0123456789";
 fn signer(dir: &Path) -> impl Fn(&str, u64) -> String {
     let der = PrivatePkcs8KeyDer::from_pem_file(dir.join("token.key")).unwrap();
     let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(der.secret_pkcs8_der()).unwrap();
-    move |scope, token| URL_SAFE_NO_PAD.encode(pair.sign(&proof_message(scope, token)))
+    move |scope, token| encode_proof(pair.sign(&proof_message(scope, token)).as_ref())
 }
 
 /// A proxy checking proofs with a fresh key and requiring the admin token; returns it,

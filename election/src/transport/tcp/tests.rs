@@ -1,10 +1,25 @@
 //! Reading inbound peer connections: framing limits, hostile input, identity.
 
-use raft::eraftpb::MessageType;
-use tokio::io::AsyncWriteExt as _;
+use std::io;
+use std::sync::Arc;
 
-use super::*;
-use crate::node::Msg;
+use bytes::Bytes;
+use futures_util::SinkExt as _;
+use prost::Message as _;
+use raft::eraftpb::{Message, MessageType};
+use tokio::io::AsyncWriteExt as _;
+use tokio::sync::mpsc;
+use tokio_util::codec::FramedWrite;
+use tokio_util::sync::CancellationToken;
+
+use super::reader::{ReaderCtx, read_frames};
+use super::registry::Registry;
+use super::wire::{HELLO_BYTES_MAX, peer_codec};
+use crate::config::FRAME_BYTES_MAX;
+use crate::transport::faults::LinkFaults;
+use crate::transport::{
+    Hello, Inbound, PROTOCOL_VERSION, PeerFrame, PeerInbox, ScoreFrame, encode_raft,
+};
 
 /// `body` behind its u32 big-endian length, as a peer writes it.
 fn frame(body: &[u8]) -> Vec<u8> {
@@ -44,25 +59,30 @@ async fn read(bytes: &[u8]) -> (io::Result<()>, Vec<u64>) {
     let terms = msgs
         .into_iter()
         .map_while(|m| match m {
-            Msg::Raft(msg) => Some(msg.term),
-            _ => None,
+            Inbound::Raft(msg) => Some(msg.term),
+            Inbound::Score { .. } => None,
         })
         .collect();
     (ended, terms)
 }
 
-/// Like [`read`], returning every message delivered to the inbox.
-async fn read_msgs(bytes: &[u8]) -> (io::Result<()>, Vec<Msg>) {
-    let (tx, mut rx) = mpsc::channel(16);
-    let ctx = ReaderCtx {
+/// Node 1's reader of a connection from node 2, delivering into `tx`.
+fn reader(tx: mpsc::Sender<Inbound>, tls: bool) -> ReaderCtx {
+    ReaderCtx {
         id: 1,
         known: vec![1, 2],
         inbox: PeerInbox::new(tx),
         faults: Arc::new(LinkFaults::new(false, 1, [1, 2])),
         shutdown: CancellationToken::new(),
         current: Registry::default(),
-        tls: false,
-    };
+        tls,
+    }
+}
+
+/// Like [`read`], returning every message delivered to the inbox.
+async fn read_msgs(bytes: &[u8]) -> (io::Result<()>, Vec<Inbound>) {
+    let (tx, mut rx) = mpsc::channel(16);
+    let ctx = reader(tx, false);
     let (mut peer, stream) = tokio::io::duplex(64 * 1024);
     peer.write_all(bytes).await.unwrap();
     drop(peer);
@@ -110,14 +130,14 @@ async fn score_frames_are_delivered_and_malformed_ones_refused() {
     ended.unwrap();
     assert_eq!(msgs.len(), 3);
     match &msgs[1] {
-        Msg::Score { from, frame } => {
+        Inbound::Score { from, frame } => {
             assert_eq!(*from, 2);
             assert_eq!(
                 (frame.score, frame.last_index, frame.last_term),
                 (Some(-9.5), 7, 3)
             );
         }
-        _ => panic!("the second message is the score frame"),
+        Inbound::Raft(_) => panic!("the second message is the score frame"),
     }
     for bad in [
         score_frame(Some(f64::NAN), Vec::new()),
@@ -187,15 +207,7 @@ async fn writer_refuses_an_oversized_frame() {
 #[tokio::test]
 async fn tls_connection_without_a_certificate_is_refused_at_the_hello() {
     let (tx, mut rx) = mpsc::channel(16);
-    let ctx = ReaderCtx {
-        id: 1,
-        known: vec![1, 2],
-        inbox: PeerInbox::new(tx),
-        faults: Arc::new(LinkFaults::new(false, 1, [1, 2])),
-        shutdown: CancellationToken::new(),
-        current: Registry::default(),
-        tls: true,
-    };
+    let ctx = reader(tx, true);
     let (mut peer, stream) = tokio::io::duplex(64 * 1024);
     peer.write_all(&[hello(), heartbeat()].concat())
         .await

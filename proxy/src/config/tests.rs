@@ -1,0 +1,163 @@
+//! The configuration's unit tests: defaults, parsing, and errors that name their field.
+
+use std::net::SocketAddr;
+
+use super::*;
+
+/// Goal: a proxy started with no file at all has a valid configuration.
+/// Method: validate the defaults and read back the default addresses.
+#[test]
+fn defaults_are_valid() {
+    let c = ProxyConfig::default();
+    c.validate().unwrap();
+    assert_eq!(c.listen.to_string(), LISTEN_DEFAULT);
+    assert_eq!(c.admin_listen.to_string(), ADMIN_LISTEN_DEFAULT);
+}
+
+/// Goal: the audit log's settings read from TOML, and a size limit below
+/// `AUDIT_LOG_BYTES_MIN` is refused naming `audit_log_bytes_max`.
+/// Method: parse a file with the three fields; validate, then shrink the limit.
+#[test]
+fn audit_log_settings_parse_and_a_tiny_limit_is_refused() {
+    let mut c = toml::from_str::<ProxyConfig>(
+        "audit_log = \"/var/log/p.audit\"\naudit_log_bytes_max = 4096\naudit_log_keep = 2\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.audit_log.as_deref(),
+            c.audit_log_bytes_max,
+            c.audit_log_keep
+        ),
+        (Some(std::path::Path::new("/var/log/p.audit")), 4096, 2)
+    );
+    c.validate().unwrap();
+    c.audit_log_bytes_max = AUDIT_LOG_BYTES_MIN - 1;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("audit_log_bytes_max"), "{err}");
+}
+
+/// Goal: a misspelt field is an error naming it, not silently ignored.
+/// Method: parse TOML with `listn`.
+#[test]
+fn unknown_field_is_refused_by_name() {
+    let err = toml::from_str::<ProxyConfig>("listn = \"127.0.0.1:1\"").unwrap_err();
+    assert!(err.to_string().contains("listn"), "{err}");
+}
+
+/// Goal: a bad value is refused with the field it is in, and route scopes follow the
+/// protocol's one scope rule.
+/// Method: validate configs with a small header limit, bad and over-long route
+/// scopes, and a non-HTTP upstream.
+#[test]
+fn bad_values_name_their_field() {
+    let mut c = ProxyConfig::default();
+    c.limits.header_bytes_max = 100;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("limits.header_bytes_max"), "{err}");
+
+    // No write timeout at all would let a client that reads nothing hold its
+    // connection for ever; 0 is refused, not taken as "none".
+    let mut c = ProxyConfig::default();
+    c.limits.client_write_timeout_ms = 0;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("limits.client_write_timeout_ms"), "{err}");
+
+    let c = ProxyConfig {
+        routes: vec![Route {
+            prefix: "/a".into(),
+            scope: Some("bad scope".into()),
+            ..Route::default()
+        }],
+        ..ProxyConfig::default()
+    };
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("routes[0].scope"), "{err}");
+    let c = ProxyConfig {
+        routes: vec![Route {
+            prefix: "/a".into(),
+            scope: Some("x".repeat(palisade_protocol::SCOPE_BYTES_MAX + 1)),
+            ..Route::default()
+        }],
+        ..ProxyConfig::default()
+    };
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("routes[0].scope") && err.contains("129 bytes"),
+        "{err}"
+    );
+
+    for (prefix, want) in [
+        ("/%62illing/", "\"/billing/\""),
+        ("//a", "\"/a\""),
+        ("/a%2Fb", "never match"),
+    ] {
+        let c = ProxyConfig {
+            routes: vec![Route {
+                prefix: prefix.into(),
+                scope: Some("a".into()),
+                ..Route::default()
+            }],
+            ..ProxyConfig::default()
+        };
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("routes[0].prefix") && err.contains(want),
+            "{err}"
+        );
+    }
+
+    let c = ProxyConfig {
+        upstream: Some("ftp://x".into()),
+        ..ProxyConfig::default()
+    };
+    assert!(c.validate().unwrap_err().to_string().contains("upstream"));
+}
+
+/// Goal: the fleet fields are checked and their errors name the field: node URLs,
+/// duplicates, fleet settings without a cluster, half a client certificate.
+/// Method: validate configs with each mistake, then a good one and its fleet name.
+#[test]
+fn fleet_fields_name_their_field() {
+    let fleet = |f: fn(&mut ProxyConfig)| {
+        let mut c = ProxyConfig {
+            cluster: vec!["http://127.0.0.1:7001".into()],
+            ..ProxyConfig::default()
+        };
+        f(&mut c);
+        c.validate().err().map(|e| e.to_string())
+    };
+    assert_eq!(fleet(|_| {}), None);
+    let err = fleet(|c| c.cluster.push("ftp://x".into())).unwrap();
+    assert!(err.contains("cluster[1]"), "{err}");
+    let err = fleet(|c| c.cluster.push("http://127.0.0.1:7001".into())).unwrap();
+    assert!(err.contains("cluster[1]") && err.contains("twice"), "{err}");
+    let err = fleet(|c| c.fleet_name = Some("nope".into())).unwrap();
+    assert!(err.contains("fleet_name"), "{err}");
+    let err = fleet(|c| {
+        c.cluster_tls = Some(ClusterTlsConfig {
+            cert: Some("c.pem".into()),
+            ..ClusterTlsConfig::default()
+        });
+    })
+    .unwrap();
+    assert!(err.contains("cluster_tls.cert"), "{err}");
+    let err = fleet(|c| c.limits.lease_renew_timeout_ms = 0).unwrap();
+    assert!(err.contains("limits.lease_renew_timeout_ms"), "{err}");
+    let err = fleet(|c| c.lease_write_bound_ms = 0).unwrap();
+    assert!(err.contains("lease_write_bound_ms"), "{err}");
+    let standalone = ProxyConfig {
+        fleet_name: Some("http://p1".into()),
+        ..ProxyConfig::default()
+    };
+    let err = standalone.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("fleet_name") && err.contains("cluster is empty"),
+        "{err}"
+    );
+    let admin: SocketAddr = "127.0.0.1:9001".parse().unwrap();
+    assert_eq!(
+        ProxyConfig::default().fleet_name_for(admin),
+        "http://127.0.0.1:9001"
+    );
+}

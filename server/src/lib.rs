@@ -1,0 +1,42 @@
+//! Palisade's control-plane server runtime, shared by the proxy's admin API and the node
+//! API so that both answer with the same error bodies, parse bodies and queries the same
+//! way and apply the same accept-loop policy. The proxy's data port uses its connection
+//! bookkeeping too.
+//!
+//! The wire contract these servers speak (paths, headers, problem kinds, request and
+//! response types, the audit line) is `palisade-protocol`'s; this crate holds only the
+//! machinery that serves it: axum, hyper, tokio and rustls live here, not in the
+//! protocol crate, so that clients never pull them in.
+//!
+//! The data path does not use the axum stack: it stays on raw hyper, where every
+//! allocation on the request path is chosen by hand; only [`Connections`] is shared.
+//!
+//! # Layout
+//! - `api`: the axum side: [`ApiProblem`] (a problem+json response), the [`ApiJson`] and
+//!   [`ApiQuery`] extractors that reject with one, and [`finish`] (404/405 answers and
+//!   the body limit every control-plane router gets).
+//! - `serve`: [`serve`] and [`serve_tls`], the accept loop of a control-plane listener
+//!   under its [`ControlLimits`]: connection limit with idle-first eviction, 503 when
+//!   every connection is busy, header and keep-alive timeouts, graceful drain.
+//! - `conns`: [`Connections`], the connection table behind every listener: timeouts
+//!   counted from accept, idle-first eviction, request counting, release and park.
+//! - `tls`: PEM files into rustls configurations, and the acceptor of a control-plane
+//!   listener with optional mutual TLS.
+//! - `audit`: [`audit::AuditLog`], the audit log's writer (a bounded queue and a thread
+//!   that appends and rotates); the line it writes is `palisade_protocol::audit`'s.
+//! - `html`: the status pages' escaping, page frame and times.
+#![deny(missing_docs)]
+
+mod api;
+pub mod audit;
+mod conns;
+pub mod html;
+mod serve;
+pub mod tls;
+
+pub use api::{ApiJson, ApiProblem, ApiQuery, finish};
+pub use conns::{
+    ADMISSION_RECHECK_MS, Admitted, CloseHook, CloseReason, ConnPolicy, Connections, InFlight,
+    Releasable, RequestTracker, Served, Stopped, TrackedBody,
+};
+pub use serve::{ACCEPT_BACKOFF_MS, ControlLimits, serve, serve_tls};
