@@ -21,12 +21,24 @@
 //!
 //! The announcers follow the announce list the election loop publishes (the flags', or
 //! the one the cluster agreed on through `POST /v1/announce`): [`follow`] runs one for
-//! the current list and replaces it when the list changes.
+//! the current list and replaces it when the list changes. Each proxy is announced to on
+//! its own task: one that cannot be reached, refuses, or whose entry the client cannot
+//! use is that proxy's error on the status page's board, and never keeps the others from
+//! their announcement (the token is only not announced).
+//!
+//! A proxy that leaves the list is retired first (`retire`): its fence is raised above
+//! every term, so it admits no token the cluster no longer announces to it.
+
+mod retire;
+
+pub(crate) use retire::ProxyFences;
+pub use retire::RETIRE_TIMEOUT_MS;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use palisade_client::{ClientError, ClientTls, ProxyAdmin, StatusCode, backoff};
+use palisade_protocol::announce::{RETIRED_FENCE, parse_announce_entry};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -129,27 +141,42 @@ pub(crate) fn follow(
     );
 }
 
+/// One proxy of the list: its entry as listed (the name the board and the audit log use)
+/// and its admin client, or why there is none.
+struct Target {
+    entry: String,
+    admin: Result<ProxyAdmin, String>,
+}
+
+/// The client of one list entry, or why the announcer cannot use it.
+fn target(a: &Announcer, entry: &str) -> Target {
+    let timeout = Duration::from_millis(ANNOUNCE_TIMEOUT_MS);
+    let admin = parse_announce_entry(entry)
+        .map_err(|e| e.to_string())
+        .and_then(|parsed| ProxyAdmin::with_tls(&parsed.url, &a.tls).map_err(|e| e.to_string()))
+        .map(|admin| {
+            let admin = admin.timeout(timeout);
+            match &a.bearer {
+                Some(bearer) => admin.with_bearer(bearer),
+                None => admin,
+            }
+        });
+    if let Err(err) = &admin {
+        warn!(proxy = %entry, cause = %err,
+            "cannot announce to this proxy; the others are announced, tokens stay not announced");
+    }
+    Target {
+        entry: entry.to_owned(),
+        admin,
+    }
+}
+
 /// The announcer task: waits for a token, announces it, repeats for the next one.
 async fn run(a: Announcer) {
-    let timeout = Duration::from_millis(ANNOUNCE_TIMEOUT_MS);
-    // The URLs were validated with the node's configuration; one that the client still
-    // refuses is logged once and leaves every token not announced.
-    let mut admins = Vec::with_capacity(a.urls.len());
-    for url in &a.urls {
-        match ProxyAdmin::with_tls(url, &a.tls) {
-            Ok(admin) => {
-                let admin = admin.timeout(timeout);
-                admins.push(match &a.bearer {
-                    Some(bearer) => admin.with_bearer(bearer),
-                    None => admin,
-                });
-            }
-            Err(err) => {
-                warn!(url = %url, cause = %err, "cannot announce to this proxy; tokens stay not announced");
-                return;
-            }
-        }
-    }
+    // The entries were checked with the configuration or the API; one the client still
+    // refuses (its TLS settings) is that proxy's error alone, reported for every token,
+    // and never keeps the others from being announced.
+    let targets: Vec<Target> = a.urls.iter().map(|entry| target(&a, entry)).collect();
     let mut rx = a.leadership.clone();
     loop {
         // Each branch future yields a plain value: a watch guard must not live across an await.
@@ -168,7 +195,7 @@ async fn run(a: Announcer) {
                 info!(token, "leadership lost before every proxy accepted the term");
                 continue;
             }
-            all = announce_all(&admins, &a, token, proof) => all,
+            all = announce_all(&targets, &a, token, proof) => all,
         };
         if accepted {
             a.commands.announced(token).await;
@@ -184,21 +211,32 @@ async fn run(a: Announcer) {
     }
 }
 
-/// Announces `token` to every proxy at once. True when all accepted it.
+/// Announces `token` to every proxy at once, each on its own task. True when all
+/// accepted it.
 async fn announce_all(
-    admins: &[ProxyAdmin],
+    targets: &[Target],
     a: &Announcer,
     token: u64,
     proof: Option<TokenProof>,
 ) -> bool {
     let proof = proof.map(|p| p.encode());
     let mut set = JoinSet::new();
-    // `admins` were built from `a.urls` in order; the board names proxies as configured.
-    for (admin, url) in admins.iter().zip(&a.urls) {
+    let mut all = true;
+    for target in targets {
+        let admin = match &target.admin {
+            Ok(admin) => admin.clone(),
+            Err(err) => {
+                a.metrics.announce_failures.increment(1);
+                a.observer
+                    .announced(&target.entry, &a.scope, token, "refused", Some(err.clone()));
+                all = false;
+                continue;
+            }
+        };
         set.spawn(
             announce_one(
-                admin.clone(),
-                url.clone(),
+                admin,
+                target.entry.clone(),
                 a.scope.clone(),
                 token,
                 proof.clone(),
@@ -208,7 +246,6 @@ async fn announce_all(
             .in_current_span(),
         );
     }
-    let mut all = true;
     while let Some(joined) = set.join_next().await {
         all &= joined.unwrap_or(false);
     }
@@ -243,6 +280,15 @@ async fn announce_one(
         };
         metrics.announce_failures.increment(1);
         match &err {
+            ClientError::Fenced { current, .. } if *current == RETIRED_FENCE => {
+                let detail = format!(
+                    "{err}: the proxy was retired when it left an announce list; an \
+                     operator must reset its fence before it is announced to again"
+                );
+                warn!(url = %admin.url(), token, cause = %detail, "proxy is retired; not announced");
+                observer.announced(&url, &scope, token, "refused", Some(detail));
+                return false;
+            }
             ClientError::Fenced { current, .. } => {
                 warn!(
                     url = %admin.url(), token, current, cause = %err,

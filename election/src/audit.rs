@@ -21,6 +21,27 @@ use crate::leadership::Leadership;
 /// answer, which the node does not control.
 pub const ANNOUNCE_DETAIL_BYTES_MAX: usize = 512;
 
+/// Longest request path kept in a `forbidden` record, in bytes: the client chose it.
+pub const FORBIDDEN_PATH_BYTES_MAX: usize = 512;
+/// Longest detail kept in a `forbidden` record, in bytes: it quotes the certificate's
+/// names (at most 64, of at most 253 bytes each), which the node does not choose.
+pub const FORBIDDEN_DETAIL_BYTES_MAX: usize = 1024;
+
+/// A refused API request, as a `forbidden` audit record shows it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ForbiddenRequest<'a> {
+    /// The client's address.
+    pub peer: Option<std::net::SocketAddr>,
+    /// The request's method.
+    pub method: &'a str,
+    /// The request's path.
+    pub path: &'a str,
+    /// The credential's role (`none` without one).
+    pub role: &'a str,
+    /// The 403 problem's detail.
+    pub detail: &'a str,
+}
+
 /// How the last announcement to one proxy went.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct AnnounceState {
@@ -137,6 +158,25 @@ impl Observer {
     pub(crate) fn membership(&self, term: u64, what: String) {
         let mut record = self.record(event::MEMBERSHIP, SystemTime::now(), term);
         record.reason = Some(what);
+        self.audit(record);
+    }
+
+    /// A request of this node's API refused for its credential's role (403
+    /// `forbidden-role`): `role` is the credential's (`none` without one), `detail` the
+    /// problem's detail, which names the role needed and the credential.
+    pub(crate) fn forbidden(&self, term: u64, request: ForbiddenRequest<'_>) {
+        let mut record = self.record(event::FORBIDDEN, SystemTime::now(), term);
+        record.peer = request.peer.map(|p| p.ip().to_string());
+        record.method = Some(request.method.to_owned());
+        record.path = Some(
+            palisade_protocol::audit::cut_to_bytes(request.path, FORBIDDEN_PATH_BYTES_MAX)
+                .to_owned(),
+        );
+        record.outcome = Some(request.role.to_owned());
+        record.reason = Some(
+            palisade_protocol::audit::cut_to_bytes(request.detail, FORBIDDEN_DETAIL_BYTES_MAX)
+                .to_owned(),
+        );
         self.audit(record);
     }
 
@@ -332,6 +372,7 @@ mod tests {
             id,
             peer: format!("127.0.0.1:{}", 7000 + id),
             voter: true,
+            role: None,
         };
         let list = |ids: &[u64]| MemberList {
             members: ids.iter().map(|&id| member(id)).collect(),

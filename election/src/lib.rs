@@ -62,7 +62,7 @@
 //! What runs around the loop, talking to it through its inbox and its watch channels:
 //! - `announce`: fencing the configured proxies when this node becomes established, with
 //!   `palisade_client`'s admin client and backoff policy; the announcers follow the
-//!   announce list the loop publishes.
+//!   announce list the loop publishes; a proxy leaving the list is retired first.
 //! - `audit`: what the node remembers for people (the announce state per proxy) and
 //!   writes to its audit log (announces, transfers, membership changes).
 //! - `api`: the HTTP API on axum, one file per concern: `/v1/leader` with long poll,
@@ -92,7 +92,9 @@ mod tls;
 mod token_source;
 pub mod transport;
 
-pub use announce::{ANNOUNCE_BACKOFF_MAX_MS, ANNOUNCE_BACKOFF_MIN_MS, ANNOUNCE_TIMEOUT_MS};
+pub use announce::{
+    ANNOUNCE_BACKOFF_MAX_MS, ANNOUNCE_BACKOFF_MIN_MS, ANNOUNCE_TIMEOUT_MS, RETIRE_TIMEOUT_MS,
+};
 pub use api::{
     API_BODY_BYTES_MAX, API_CONNECTION_CLOSES, API_CONNECTIONS_MAX, API_DRAIN_TIMEOUT_MS,
     API_HEADER_TIMEOUT_MS, API_KEEPALIVE_TIMEOUT_MS, LEASE_BUSY, LEASE_PENDING_MAX, LEASE_TIMEOUT,
@@ -107,7 +109,9 @@ pub use config::{
     TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, parse_api, parse_peers, split_host_port,
 };
 pub use leadership::{Leadership, ReleasedBy, TOKEN_PROOF_BYTES, TokenProof};
-pub use members::{MEMBER_CHANGE_TIMEOUT_MS, MEMBERS_MAX, MemberError};
+pub use members::{
+    MEMBER_CHANGE_TIMEOUT_MS, MEMBERS_MAX, MemberError, PROMOTE_LAG_ENTRIES_MAX, VOTERS_SAFE_MIN,
+};
 pub use node::{
     INBOX_MAX, KEY_FILE_BYTES_MAX, LEASE_GATHER_LEASE_DIVISOR, LEASE_GATHER_MS_MAX,
     LEASE_ROUND_TIMEOUT_MS, LeaseError, NodeError, NodeHandle, TERM_ACCEPTED_MAX,

@@ -1,10 +1,39 @@
 //! The node's Prometheus metrics, kept in a recorder of its own (not the process-global
 //! one), so several nodes can run in one process and each `/metrics` shows its own.
+//! Every metric has a `HELP` text; `.ci/check-metrics` runs `promtool check metrics` on
+//! a node's `/metrics`.
+//!
+//! One family is not in the recorder: [`API_CONNECTION_CLOSES`], counted by the API's
+//! close hook, a plain function with no node to reach, so in process-wide atomics that
+//! [`NodeMetrics::render`] appends.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use metrics::{Counter, Gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use palisade_server::CloseReason;
+
+use crate::api::API_CONNECTION_CLOSES;
+
+/// Always 1, with the build's `version` as a label (also on the proxy).
+pub const BUILD_INFO: &str = "palisade_build_info";
+
+/// The close reasons counted apart, in the order of [`API_CLOSES`]; any other counts as
+/// `other`.
+const API_CLOSE_REASONS: [CloseReason; 4] = [
+    CloseReason::HeaderTimeout,
+    CloseReason::KeepaliveTimeout,
+    CloseReason::EvictedIdle,
+    CloseReason::WriteTimeout,
+];
+/// Connections the node APIs of this process closed on their own: one per reason of
+/// [`API_CLOSE_REASONS`], then `other`.
+static API_CLOSES: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+
+/// Node API requests refused for the credential's role, by `route` and `role`.
+pub const API_FORBIDDEN: &str = "palisade_node_api_forbidden_total";
 
 /// Handles to every metric of one node.
 #[derive(Clone)]
@@ -127,6 +156,15 @@ impl NodeMetrics {
                 Unit::Count,
                 "Snapshots from a leader this node installed."
             );
+            metrics::describe_counter!(
+                API_FORBIDDEN,
+                Unit::Count,
+                "Node API requests refused (403 forbidden-role) because the client \
+                 certificate's role does not allow them, by route (its path template) and \
+                 role (node, proxy, writer, operator, none)."
+            );
+            metrics::describe_gauge!(BUILD_INFO, "Always 1; the version label is the build's.");
+            metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             metrics::describe_gauge!(
                 "palisade_node_lease_pending",
                 "Lease requests waiting for a quorum round in the election loop."
@@ -195,8 +233,85 @@ impl NodeMetrics {
         });
     }
 
-    /// The Prometheus text exposition.
+    /// Counts one API request refused for its credential's role: `route` one of the
+    /// API's path templates, `role` one of the four roles or `none`.
+    pub(crate) fn api_forbidden(&self, route: &'static str, role: &'static str) {
+        metrics::with_local_recorder(&*self.recorder, || {
+            metrics::counter!(
+                API_FORBIDDEN,
+                "node_id" => self.node_id.clone(),
+                "route" => route,
+                "role" => role
+            )
+            .increment(1);
+        });
+    }
+
+    /// The Prometheus text exposition: the node's recorder, then the API's connection
+    /// closes.
     pub(crate) fn render(&self) -> String {
-        self.handle.render()
+        let mut text = self.handle.render();
+        let _ = writeln!(
+            text,
+            "# HELP {API_CONNECTION_CLOSES} Connections the node APIs of this process closed \
+             on their own, by reason (header-timeout, keepalive-timeout, evicted-idle, \
+             write-timeout, other).\n# TYPE {API_CONNECTION_CLOSES} counter"
+        );
+        let labels = API_CLOSE_REASONS.map(CloseReason::as_str);
+        for (reason, count) in labels.iter().chain(&["other"]).zip(&API_CLOSES) {
+            let _ = writeln!(
+                text,
+                "{API_CONNECTION_CLOSES}{{reason=\"{reason}\"}} {}",
+                count.load(Ordering::Relaxed)
+            );
+        }
+        text
+    }
+}
+
+/// Counts one connection the node API closed on its own ([`API_CONNECTION_CLOSES`]):
+/// the API listener's close hook.
+pub(crate) fn api_connection_closed(_listener: &'static str, reason: CloseReason) {
+    let slot = API_CLOSE_REASONS
+        .iter()
+        .position(|r| *r == reason)
+        .unwrap_or(API_CLOSE_REASONS.len());
+    API_CLOSES[slot].fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Goal: a node's `/metrics` carries the build's version and the API's connection
+    /// closes, counted by the close hook, every reason present from the start.
+    /// Method: count a keep-alive close through the hook; render; read the lines.
+    #[test]
+    fn render_has_build_info_and_the_api_connection_closes() {
+        let metrics = NodeMetrics::new(7);
+        let before = metrics.render();
+        let count = |text: &str, reason: &str| -> u64 {
+            let prefix = format!("{API_CONNECTION_CLOSES}{{reason=\"{reason}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no {reason} line in {text}"))
+        };
+        api_connection_closed("node-api", CloseReason::KeepaliveTimeout);
+        let after = metrics.render();
+        assert_eq!(
+            count(&after, "keepalive-timeout"),
+            count(&before, "keepalive-timeout") + 1
+        );
+        for reason in ["header-timeout", "evicted-idle", "write-timeout", "other"] {
+            count(&after, reason);
+        }
+        assert!(
+            after.contains(&format!(
+                "{BUILD_INFO}{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{after}"
+        );
     }
 }

@@ -268,6 +268,13 @@ async fn start(
             shutdown.clone(),
         ));
     }
+    // What retires the proxies a `POST /v1/announce` removes: the announcers' credentials.
+    let fences = Arc::new(announce::ProxyFences::new(
+        config.scope.clone(),
+        announce_bearer.clone(),
+        announce_tls.clone(),
+        Arc::clone(&observer),
+    ));
     // The announcers follow the announce list the loop publishes: the flags', or the one
     // the cluster agreed on (`POST /v1/announce`, never with fleet leases).
     announce::follow(
@@ -289,6 +296,14 @@ async fn start(
         info_span!("announcer", node_id = id, scope = %config.scope),
     );
 
+    if tls.is_none() && config.api.is_some() {
+        warn!(
+            node_id = id,
+            "roles are not enforced: the node API is plaintext (no --cert/--key/--ca), so \
+             every caller may use every route; with mutual TLS each route admits only the \
+             roles its client certificate names (node-, proxy-, writer-, operator-)"
+        );
+    }
     let api_addr = match config.api {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -318,7 +333,9 @@ async fn start(
                         members: members_rx.clone(),
                         announce: announce_rx.clone(),
                         observer: Arc::clone(&observer),
+                        fences: Arc::clone(&fences),
                         shutdown: shutdown.clone(),
+                        roles_enforced: tls.is_some(),
                     },
                     tls.as_ref().map(|t| t.api_acceptor.clone()),
                 )
@@ -380,6 +397,41 @@ async fn start(
     })
 }
 
+/// `--force-new-cluster`: rewrites the stored configuration to this node alone (see
+/// `palisade_storage`'s `RaftLog::force_new_cluster`), loudly. The log, the hard state and
+/// so the term are kept: the next election raises the term above every one this node
+/// stored, so its tokens keep increasing.
+fn force_new_cluster(log: &RaftLog, id: u64) -> Result<(), StartError> {
+    let forced = log.force_new_cluster(id)?;
+    if forced.already {
+        warn!(
+            node_id = id,
+            term = forced.term,
+            index = forced.index,
+            "--force-new-cluster given again on a node it already made the only voter, with \
+             no membership change since: nothing to do; remove the flag"
+        );
+        return Ok(());
+    }
+    warn!(
+        node_id = id,
+        term = forced.term,
+        index = forced.index,
+        previous_voters = ?forced.previous.voters,
+        previous_voters_outgoing = ?forced.previous.voters_outgoing,
+        previous_learners = ?forced.previous.learners,
+        removed = ?forced.removed,
+        "!!! FORCING A NEW CLUSTER: this node is now the only voter of its configuration \
+         (log and term kept); members {:?} are removed for good and their ids are never \
+         accepted again. NEVER restart those nodes with their old data: they could elect a \
+         leader of their own and hand out tokens that collide with this cluster's. Add \
+         members again with `palisade member add` (they join as learners), and restart this \
+         node WITHOUT --force-new-cluster from now on",
+        forced.removed
+    );
+    Ok(())
+}
+
 /// Prepares the members table a node starts with, initializing a new log from `--peers`
 /// unless the node joins. Refuses a removed id and a log that belongs to another node.
 async fn prepare(
@@ -391,7 +443,17 @@ async fn prepare(
     let peers = config.peers.clone();
     let join = join.cloned();
     let log = log.clone();
+    let force = config.force_new_cluster;
     blocking_start(move || {
+        if force {
+            if join.is_some() {
+                return Err(crate::config::force_with_join().into());
+            }
+            force_new_cluster(&log, id)?;
+        } else {
+            // A start without the flag: a later loss of quorum may be recovered again.
+            log.clear_forced_mark()?;
+        }
         if log.is_initialized() {
             let cs = log.conf_state();
             let mut table = log.members();

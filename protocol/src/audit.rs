@@ -11,6 +11,12 @@
 //! becomes `FILE.1`, `FILE.1` becomes `FILE.2`, and so on, and the oldest beyond the
 //! number kept is deleted ([`rotated_path`] names them). A reader goes from the highest
 //! number down to `FILE` to see the events in the order they were written.
+//!
+//! Records any client can cause without holding a token (a proxy's refusals of a
+//! missing or invalid proof) are *noise*: they go to a second file, [`noise_path`] (`FILE.noise`), rotated the same way but on its own, so that a
+//! flood of them can never rotate a record of `FILE` out. At most a few per kind and
+//! second are written in full; the rest are counted, and one [`event::SUPPRESSED`]
+//! record per kind says how many. A reader merges both files by time.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -46,9 +52,18 @@ pub mod event {
     /// A leadership transfer asked of a node's API. Fields: `node_id`, term, current (the
     /// target node), outcome, reason.
     pub const TRANSFER: &str = "transfer";
+    /// A node refused a request of its API for the client certificate's role (403
+    /// `forbidden-role`). Fields: `node_id`, term, peer, method, path, outcome (the
+    /// credential's role, or `none`), reason (the problem's detail: the role needed and
+    /// the credential's names).
+    pub const FORBIDDEN: &str = "forbidden";
     /// Records were dropped because the writer fell behind (its queue was full). Field:
     /// dropped (how many since the last such record).
     pub const DROPPED: &str = "dropped";
+    /// Noise records counted but not written in full (past the rate written per kind),
+    /// in the noise file. Fields: reason (their kind, e.g. `missing-proof`), dropped (how
+    /// many since the last such record of that kind).
+    pub const SUPPRESSED: &str = "suppressed";
 }
 
 /// One line of an audit log.
@@ -95,7 +110,8 @@ pub struct AuditRecord {
     /// Why: the error, or the operator's reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Records dropped before this one ([`event::DROPPED`]).
+    /// Records dropped before this one ([`event::DROPPED`]), or noise records of one
+    /// kind counted and not written ([`event::SUPPRESSED`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dropped: Option<u64>,
 }
@@ -137,6 +153,14 @@ pub fn rotated_path(path: &Path, n: u32) -> PathBuf {
     }
     let mut name = path.as_os_str().to_owned();
     name.push(format!(".{n}"));
+    PathBuf::from(name)
+}
+
+/// The noise file of the audit log at `path` (`FILE.noise`): see the module docs. Its
+/// rotated files are [`rotated_path`] of it (`FILE.noise.1`, ...).
+pub fn noise_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".noise");
     PathBuf::from(name)
 }
 

@@ -81,4 +81,9 @@ pub struct LeaseView {
     pub renewals: u64,
     /// Renewal rounds that failed since the proxy started (no node granted a lease).
     pub failures: u64,
+    /// Why the cluster refuses this proxy a lease, when the last round's answers say an
+    /// operator must fix it (nodes started without `--lease-ms`, a proxy missing from
+    /// their `--announce`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
 }

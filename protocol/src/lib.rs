@@ -24,6 +24,8 @@
 //! - `problem`: [`Problem`], the RFC 9457 error body every API answers with, and
 //!   `problem::kind`, the problem kinds of the proxy and the control plane.
 //! - `admin`: the proxy's admin API: paths and bodies.
+//! - `announce`: [`announce::parse_announce_entry`], the one rule for an `--announce`
+//!   entry (`URL` or `NAME=URL`) and its normal form.
 //! - `node`: the node API: paths, [`LeaderView`], [`Role`], transfers, test faults.
 //! - `lease`: fleet leases: [`LeaseRequest`], [`LeaseGrant`], `POST /v1/lease`, and the
 //!   kinds of its refusals.
@@ -35,9 +37,12 @@
 //! - `status`: a proxy's status snapshot ([`ProxyStatus`], `GET /v1/status`), which its
 //!   HTML status page renders.
 //! - `process`: ready lines, failpoint lines, environment variable names, log event names.
+//! - `roles`: a credential's role from its certificate's name ([`CredentialRole`],
+//!   [`Credential`]) and the 403 problem of a request its role does not allow.
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod announce;
 pub mod audit;
 pub mod headers;
 pub mod lease;
@@ -45,6 +50,7 @@ pub mod node;
 pub mod problem;
 pub mod process;
 pub mod proof;
+pub mod roles;
 pub mod scope;
 pub mod status;
 pub mod store;
@@ -56,10 +62,12 @@ pub use admin::{
 pub use audit::AuditRecord;
 pub use lease::{LeaseGrant, LeaseRequest, LeaseView};
 pub use node::{
-    AnnounceList, FaultSpec, Health, LeaderView, LongPoll, Member, MemberAdd, MemberList, Role,
-    TransferRequest, Transferred,
+    AnnounceChange, AnnounceChanged, AnnounceList, FaultSpec, Health, LeaderView, LongPoll, Member,
+    MemberAdd, MemberList, MemberRemove, MemberRole, RemovedProxy, Role, TransferRequest,
+    Transferred,
 };
 pub use problem::Problem;
+pub use roles::{Credential, CredentialRole};
 pub use scope::{DEFAULT_SCOPE, SCOPE_BYTES_MAX, Scope, ScopeError};
 pub use status::ProxyStatus;
 pub use store::{KeyList, StoredObject};

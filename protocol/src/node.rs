@@ -6,10 +6,12 @@
 //! - `GET /metrics`, `GET /healthz` -> [`Health`].
 //! - `GET|POST /v1/test/faults` with [`FaultSpec`]: only on nodes started with
 //!   [`crate::process::TEST_FAULTS_ENV`]` = 1`.
-//! - `GET /v1/announce` -> [`AnnounceList`]; `POST /v1/announce` with one replaces the
-//!   cluster's `--announce` proxy list through raft.
-//! - `GET /v1/members` -> [`MemberList`]; `POST /v1/members` with [`MemberAdd`] and
-//!   `DELETE /v1/members/{id}` -> [`MemberList`] once the change is applied on that node.
+//! - `GET /v1/announce` -> [`AnnounceList`]; `POST /v1/announce` with [`AnnounceChange`]
+//!   replaces the cluster's `--announce` proxy list through raft, after retiring the fence
+//!   of every proxy it removes -> [`AnnounceChanged`].
+//! - `GET /v1/members` -> [`MemberList`]; `POST /v1/members` with [`MemberAdd`] (the
+//!   member joins as a learner) and `DELETE /v1/members/{id}` with an optional
+//!   [`MemberRemove`] -> [`MemberList`] once the change is applied on that node.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -156,11 +158,16 @@ pub struct Transferred {
 /// `GET /healthz`: the process serves and its main loop runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
-    /// `ok`.
+    /// `ok`; `degraded` when the process serves but cannot do its whole job for a reason
+    /// an operator must fix (a fleet proxy whose cluster grants it no lease): `detail`
+    /// says which.
     pub status: String,
     /// The node's id, on a node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_id: Option<u64>,
+    /// What is wrong, when `status` is `degraded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 impl Health {
@@ -169,6 +176,16 @@ impl Health {
         Self {
             status: "ok".to_owned(),
             node_id,
+            detail: None,
+        }
+    }
+
+    /// A process that serves but cannot do its whole job, and why.
+    pub fn degraded(node_id: Option<u64>, detail: String) -> Self {
+        Self {
+            status: "degraded".to_owned(),
+            node_id,
+            detail: Some(detail),
         }
     }
 }
@@ -198,10 +215,43 @@ pub struct Member {
     pub id: u64,
     /// Its peer address, `HOST:PORT`, where the other members reach it.
     pub peer: String,
-    /// Whether it votes now; `false` while a joint configuration still adds it, or for a
-    /// member that was never a voter. Absent in older answers: then it is a voter.
+    /// Whether it votes now; `false` for a learner (a new member that has not caught up
+    /// yet), or while a joint configuration left by an older version still adds it.
+    /// Absent in older answers: then it is a voter.
     #[serde(default = "default_true")]
     pub voter: bool,
+    /// Its raft role: `voter`, or `learner` (it receives the log but does not vote; the
+    /// leader promotes it once it has caught up). Absent in older answers, and on a node
+    /// that is still joining and has not received the configuration yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<MemberRole>,
+}
+
+/// A member's raft role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemberRole {
+    /// Votes in elections and counts in every quorum.
+    Voter,
+    /// Receives the log but neither votes nor counts in a quorum: every new member starts
+    /// as one, so an unreachable new member can never cost the cluster its quorum.
+    Learner,
+}
+
+impl MemberRole {
+    /// The API spelling: `voter` or `learner`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemberRole::Voter => "voter",
+            MemberRole::Learner => "learner",
+        }
+    }
+}
+
+impl fmt::Display for MemberRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 fn default_true() -> bool {
@@ -231,11 +281,51 @@ pub struct MemberList {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnnounceList {
-    /// Admin base URLs (`http://HOST:PORT`).
+    /// Entries `URL` or `NAME=URL` (see [`crate::announce`]): proxies' admin base URLs.
     pub proxies: Vec<String>,
 }
 
-/// `POST /v1/members`: add a member.
+/// The body of `POST /v1/announce`: the new list, and whether to remove proxies whose
+/// fence could not be retired.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnnounceChange {
+    /// The new list: entries `URL` or `NAME=URL` (see [`crate::announce`]).
+    pub proxies: Vec<String>,
+    /// Remove a proxy even when its fence could not be retired (it then keeps admitting
+    /// the last token it accepted and any higher one). Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
+}
+
+/// The answer to `POST /v1/announce`: the list this node applied, and what became of
+/// each proxy the change removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnnounceChanged {
+    /// The list now, in normal form.
+    pub proxies: Vec<String>,
+    /// The proxies the change removed, in the order the old list named them.
+    #[serde(default)]
+    pub removed: Vec<RemovedProxy>,
+}
+
+/// A proxy a `POST /v1/announce` removed from the list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemovedProxy {
+    /// Its entry as the old list named it.
+    pub proxy: String,
+    /// Whether its fence was raised to [`crate::announce::RETIRED_FENCE`] before the
+    /// change was proposed (false only with `force`).
+    pub retired: bool,
+    /// Why it was not retired, when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `POST /v1/members`: add a member. It joins as a learner and the leader promotes it to
+/// voter once it has caught up.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemberAdd {
@@ -243,6 +333,18 @@ pub struct MemberAdd {
     pub id: u64,
     /// Its peer address, `HOST:PORT`.
     pub peer: String,
+}
+
+/// The optional body of `DELETE /v1/members/{id}`: `{"force":true}` removes a voter even
+/// when fewer than three voters would remain (one more failure then stops the cluster).
+/// No body is the same as `{}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemberRemove {
+    /// Remove even below three voters. Never overrides the quorum check: a removal that
+    /// would leave fewer reachable voters than a quorum is refused regardless.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub force: bool,
 }
 
 #[cfg(test)]
@@ -261,6 +363,22 @@ mod tests {
             serde_json::to_string(&list).unwrap(),
             r#"{"members":[{"id":1,"peer":"127.0.0.1:7001","voter":true}],"index":0}"#
         );
+    }
+
+    /// Goal: the role is an optional field spelled `voter`/`learner`, and a removal's
+    /// body may be absent, `{}` or `{"force":true}`, but nothing else. Method: round-trip
+    /// a learner; parse each body.
+    #[test]
+    fn member_role_and_remove_body_read_as_documented() {
+        let text = r#"{"id":5,"peer":"127.0.0.1:7005","voter":false,"role":"learner"}"#;
+        let m: Member = serde_json::from_str(text).unwrap();
+        assert_eq!(m.role, Some(MemberRole::Learner));
+        assert_eq!(serde_json::to_string(&m).unwrap(), text);
+        let none: MemberRemove = serde_json::from_str("{}").unwrap();
+        assert!(!none.force);
+        let forced: MemberRemove = serde_json::from_str(r#"{"force":true}"#).unwrap();
+        assert!(forced.force);
+        assert!(serde_json::from_str::<MemberRemove>(r#"{"forse":true}"#).is_err());
     }
 
     /// Goal: the leader view reads and writes the contract's JSON exactly.

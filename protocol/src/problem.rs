@@ -47,6 +47,21 @@ pub mod kind {
     pub const BODY_READ: &str = "body-read";
     /// A request the resource cannot use (400).
     pub const BAD_REQUEST: &str = "bad-request";
+    /// A `Connection` header that names a header which frames, targets or fences the
+    /// request (`Content-Length`, `Host`, `Fencing-Token`, ...): a proxy would drop it
+    /// before forwarding and so change the request (400).
+    pub const BAD_CONNECTION: &str = "bad-connection";
+    /// A request whose target host is ambiguous or missing: `Host` repeated, malformed,
+    /// absent on HTTP/1.1, or different from an absolute-form target's authority (400).
+    pub const BAD_HOST: &str = "bad-host";
+    /// A `Transfer-Encoding` other than a single `chunked` (gzip, compress, ...), which
+    /// the proxy would otherwise have to drop or decode (501).
+    pub const UNSUPPORTED_TRANSFER_CODING: &str = "unsupported-transfer-coding";
+    /// A GET or HEAD request that carries a body on a route without `read_bodies` (400).
+    pub const BODY_ON_READ: &str = "body-on-read";
+    /// Requests without a fencing token whose bodies are still arriving already hold
+    /// their share of the upstream's slots (503).
+    pub const UNFENCED_STREAMS_FULL: &str = "unfenced-streams-full";
     /// Nothing at this path or key (404).
     pub const NOT_FOUND: &str = "not-found";
     /// The resource does not take this method (405).
@@ -65,6 +80,9 @@ pub mod kind {
     pub const BAD_QUERY: &str = "bad-query";
     /// A control-plane listener at its connection limit with every connection busy (503).
     pub const TOO_MANY_CONNECTIONS: &str = "too-many-connections";
+    /// A node API request whose client certificate's role does not allow it (403); the
+    /// detail names the role needed and the credential (`crate::roles`).
+    pub const FORBIDDEN_ROLE: &str = "forbidden-role";
 }
 
 /// An RFC 9457 problem, with the extension members Palisade's answers use.

@@ -47,6 +47,9 @@ pub mod events {
     pub const FENCE_RESET: &str = "fence-reset";
     /// A proxy refused a token whose proof was missing or invalid.
     pub const PROOF_REJECTED: &str = "proof-rejected";
+    /// A node API refused a request for its client certificate's role (403
+    /// `forbidden-role`; fields `route`, `method`, `peer`, `detail`).
+    pub const ROLE_FORBIDDEN: &str = "role-forbidden";
     /// A proxy in fleet mode could not renew its lease (no node granted it, or one
     /// refused it), logged with the cause.
     pub const LEASE_REFUSED: &str = "lease-refused";

@@ -27,7 +27,9 @@ pub struct ProxyStatus {
     /// The most recent rejections, newest first (a bounded ring: see `rejections_max`).
     #[serde(default)]
     pub rejections: Vec<AuditRecord>,
-    /// How many rejections the ring keeps.
+    /// How many rejections the rings keep in all: half for stale tokens, half for the
+    /// missing or invalid proofs written in full, so that a flood of the second never
+    /// pushes the first out.
     #[serde(default)]
     pub rejections_max: u64,
     /// Rejections since the proxy started.
@@ -109,4 +111,8 @@ pub struct AuditStatus {
     /// Records that could not be written (the file failed).
     #[serde(default)]
     pub failed: u64,
+    /// Noise records (missing or invalid proofs) counted but not written in full, past
+    /// the rate written per kind; the noise file's `suppressed` records say how many.
+    #[serde(default)]
+    pub suppressed: u64,
 }

@@ -13,7 +13,9 @@
 //!   admin token is required; without one configured resets are disabled (403).
 //! - `GET /v1/lease` -> [`LeaseView`]: fleet mode's lease (404 `leases-off` in
 //!   standalone mode).
-//! - `GET /metrics` (Prometheus text), `GET /healthz` -> [`Health`].
+//! - `GET /metrics` (Prometheus text), `GET /healthz` -> [`Health`] (`degraded`, with the
+//!   reason, while a fleet's cluster refuses this proxy a lease for a reason an operator
+//!   must fix).
 //! - `GET /v1/status` -> [`ProxyStatus`](palisade_protocol::ProxyStatus), and `GET /`, the
 //!   same as an HTML page for people (see [`crate::status_page`]). Admin reads: they need
 //!   the admin token when one is configured.
@@ -330,13 +332,13 @@ async fn lease(State(state): AdminRef) -> Result<ApiJson<LeaseView>, ApiProblem>
 }
 
 /// `GET /metrics`.
-async fn metrics() -> impl IntoResponse {
+async fn metrics(State(state): AdminRef) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static(PROMETHEUS_TEXT),
         )],
-        crate::metrics::prometheus().render(),
+        crate::metrics::render(&state.fencer),
     )
 }
 
@@ -356,9 +358,15 @@ async fn status_page(State(state): AdminRef) -> Html<String> {
     Html(crate::status_page::render(&snapshot, &state.admin_addr))
 }
 
-/// `GET /healthz`.
-async fn health() -> ApiJson<Health> {
-    ApiJson(Health::ok(None))
+/// `GET /healthz`: `ok`, or `degraded` (still 200: the process serves, and a fleet's
+/// proxies all sharing the cause should not all be taken out of a balancer for it) with
+/// the cluster's refusal in `detail`, when in fleet mode the cluster refuses this proxy a
+/// lease for a reason an operator must fix (nodes without `--lease-ms`, say).
+async fn health(State(state): AdminRef) -> ApiJson<Health> {
+    match state.lease.as_ref().and_then(|lease| lease.refusal()) {
+        Some(refusal) => ApiJson(Health::degraded(None, refusal)),
+        None => ApiJson(Health::ok(None)),
+    }
 }
 
 #[cfg(test)]

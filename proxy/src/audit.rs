@@ -3,27 +3,36 @@
 //! same events written to the audit log (`audit_log`) when one is configured.
 //!
 //! Every hook here is called on the data path or the admin path and returns at once: the
-//! counters are atomics, the ring and the raise times sit behind short mutexes never held
-//! across an await, and an audit record goes on the writer's bounded queue or is counted
-//! as dropped ([`palisade_server::audit`]).
+//! counters are atomics, the rings and the raise times sit behind short mutexes never
+//! held across an await, and an audit record goes on the writer's bounded queue or is
+//! counted as dropped ([`palisade_server::audit`]).
+//!
+//! A refusal any client can cause without holding a token (a missing or invalid proof)
+//! is noise: it is rate-limited before its record is built (past the limit it is only
+//! counted, and the audit log's `suppressed` records say how many), it goes to the audit
+//! log's noise file, and it has its own ring on the status page. So a flood of unproven
+//! requests pushes a stale-token rejection neither out of the audit log nor off the
+//! status page.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderValue, Method};
 use palisade_protocol::AuditRecord;
 use palisade_protocol::audit::{event, rfc3339};
 use palisade_protocol::status::UpstreamStatus;
-use palisade_server::audit::AuditLog;
+use palisade_server::audit::{AuditLog, NoiseLimiter};
 
 use crate::error::ProxyError;
 
-/// Rejections the status page keeps, newest first. Enough to see a pattern (one stale
-/// writer, or many), few enough that the page stays one screen of table; the audit log
-/// keeps all of them.
+/// Rejections the status page keeps of each class, newest first: this many stale-token
+/// rejections, and apart from them this many of the missing or invalid proofs written in
+/// full (so that a flood of the second never pushes the first out). Enough to see a
+/// pattern (one stale writer, or many), few enough that the page stays one screen of
+/// table; the audit log keeps all of them.
 pub const REJECTIONS_KEPT: usize = 50;
 /// Scopes whose last raise time is remembered. The fence register holds at most
 /// `limits.scopes_max` scopes plus the reserved ones; past this many the page shows no
@@ -37,7 +46,13 @@ pub const AUDIT_PATH_BYTES_MAX: usize = 512;
 pub(crate) struct Activity {
     started: SystemTime,
     audit: Option<AuditLog>,
+    /// The audit log's noise limit, or one of its own without a log: the unproven ring is
+    /// fed at the rate the log writes.
+    noise: Arc<NoiseLimiter>,
+    /// Stale-token rejections.
     rejections: Mutex<VecDeque<AuditRecord>>,
+    /// Missing and invalid proofs admitted by `noise`.
+    unproven: Mutex<VecDeque<AuditRecord>>,
     rejections_total: AtomicU64,
     /// Scope to (when, the fence before) of its last raise by this process.
     raises: Mutex<HashMap<String, (SystemTime, u64)>>,
@@ -62,10 +77,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Activity {
     pub(crate) fn new(audit: Option<AuditLog>) -> Self {
+        let noise = audit.as_ref().map_or_else(
+            || Arc::new(NoiseLimiter::default()),
+            |log| Arc::clone(log.noise()),
+        );
         Self {
             started: SystemTime::now(),
             audit,
+            noise,
             rejections: Mutex::new(VecDeque::with_capacity(REJECTIONS_KEPT)),
+            unproven: Mutex::new(VecDeque::with_capacity(REJECTIONS_KEPT)),
             rejections_total: AtomicU64::new(0),
             raises: Mutex::new(HashMap::new()),
             barrier_waits: AtomicU64::new(0),
@@ -100,7 +121,8 @@ impl Activity {
 
     /// A refusal on the data path: stale tokens and missing or invalid proofs are
     /// recorded (the refusals that concern fencing); other errors are the client's
-    /// malformed requests and only counted in the metrics.
+    /// malformed requests and only counted in the metrics. A missing or invalid proof is
+    /// noise (see the module docs): past its rate it is counted and nothing is built.
     pub(crate) fn refused(
         &self,
         err: &ProxyError,
@@ -108,18 +130,22 @@ impl Activity {
         path: &str,
         peer: Option<&HeaderValue>,
     ) {
-        let (scope, presented, current) = match err {
+        let (scope, presented, current, noise) = match err {
             ProxyError::Stale {
                 scope,
                 presented,
                 current,
-            } => (scope, *presented, Some(*current)),
+            } => (scope, *presented, Some(*current), false),
             ProxyError::MissingProof { scope, presented }
             | ProxyError::InvalidProof {
                 scope, presented, ..
-            } => (scope, *presented, None),
+            } => (scope, *presented, None, true),
             _ => return,
         };
+        self.rejections_total.fetch_add(1, Ordering::Relaxed);
+        if noise && !self.noise.admit(err.reason()) {
+            return;
+        }
         let mut record = AuditRecord::new(event::REJECTION, SystemTime::now());
         record.scope = Some(scope.clone());
         record.presented = Some(presented);
@@ -129,15 +155,22 @@ impl Activity {
             Some(palisade_protocol::audit::cut_to_bytes(path, AUDIT_PATH_BYTES_MAX).to_owned());
         record.peer = peer.and_then(|p| p.to_str().ok()).map(str::to_owned);
         record.reason = Some(err.reason().to_owned());
-        self.rejections_total.fetch_add(1, Ordering::Relaxed);
         {
-            let mut ring = lock(&self.rejections);
+            let mut ring = lock(if noise {
+                &self.unproven
+            } else {
+                &self.rejections
+            });
             if ring.len() == REJECTIONS_KEPT {
                 ring.pop_back();
             }
             ring.push_front(record.clone());
         }
-        self.audit(record);
+        match (&self.audit, noise) {
+            (Some(log), true) => log.record_noise(record),
+            (Some(log), false) => log.record(record),
+            (None, _) => {}
+        }
     }
 
     /// A fence raised (fsynced) by a write, an advance or a fleet renewal.
@@ -226,9 +259,14 @@ impl Activity {
         self.audit.as_ref()
     }
 
-    /// The rejections kept, newest first.
+    /// The rejections kept, both rings, newest first.
     pub(crate) fn rejections(&self) -> Vec<AuditRecord> {
-        lock(&self.rejections).iter().cloned().collect()
+        let mut all: Vec<AuditRecord> = lock(&self.rejections).iter().cloned().collect();
+        all.extend(lock(&self.unproven).iter().cloned());
+        // RFC 3339 times of one format sort as text; the sort is stable, so each ring's
+        // own order holds among equal times.
+        all.sort_by(|a, b| b.time.cmp(&a.time));
+        all
     }
 
     pub(crate) fn rejections_total(&self) -> u64 {
@@ -288,6 +326,32 @@ mod tests {
         assert_eq!(a.rejections_total(), 60);
         assert_eq!(ring[0].current, Some(9));
         assert_eq!(ring[0].method.as_deref(), Some("PUT"));
+    }
+
+    /// Goal: a flood of missing proofs neither pushes a stale-token rejection off the
+    /// page nor is built past the noise rate, and every refusal is counted. Method:
+    /// refuse one stale write, then 1,000 writes without a proof; read the rings.
+    #[test]
+    fn unproven_flood_keeps_the_stale_rejection_and_counts_everything() {
+        let a = Activity::default();
+        a.refused(&stale(3), &Method::PUT, "/k", None);
+        let missing = ProxyError::MissingProof {
+            scope: "jobs".into(),
+            presented: 7,
+        };
+        for _ in 0..1000 {
+            a.refused(&missing, &Method::PUT, "/k", None);
+        }
+        let ring = a.rejections();
+        assert_eq!(a.rejections_total(), 1001);
+        let stale: Vec<_> = ring
+            .iter()
+            .filter(|r| r.reason.as_deref() == Some("stale-token"))
+            .collect();
+        assert_eq!(stale.len(), 1, "{ring:?}");
+        let unproven = ring.len() - 1;
+        assert!((1..=REJECTIONS_KEPT).contains(&unproven), "{unproven} kept");
+        assert!(a.noise.suppressed() >= 1000 - REJECTIONS_KEPT as u64);
     }
 
     /// Goal: a hostile path is cut to `AUDIT_PATH_BYTES_MAX` bytes at a character

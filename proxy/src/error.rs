@@ -194,6 +194,58 @@ pub enum ProxyError {
     /// The path is not usable (the embedded store wants a key).
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A `Connection` header naming a header that frames, targets or fences the
+    /// request: forwarding it would mean dropping that header, so the request is refused.
+    #[error("{reason}")]
+    BadConnection {
+        /// Which header is named, and why it cannot be dropped.
+        reason: String,
+    },
+    /// The target host is ambiguous or missing: `Host` repeated, malformed, absent on
+    /// HTTP/1.1, or different from the absolute-form target's authority.
+    #[error("{reason}")]
+    BadHost {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A `Transfer-Encoding` other than a single `chunked`.
+    #[error(
+        "Transfer-Encoding {codings:?} is not supported: the proxy forwards only bodies sent plain or with the single coding chunked, and would otherwise have to drop or decode the others"
+    )]
+    UnsupportedTransferCoding {
+        /// The codings as sent (every `Transfer-Encoding` line, joined).
+        codings: String,
+    },
+    /// A GET or HEAD with a body, on a route that does not take one.
+    #[error(
+        "a {method} request carries no body here: {path:?} is covered by no route with read_bodies = true"
+    )]
+    BodyOnRead {
+        /// The method.
+        method: String,
+        /// The request's path.
+        path: String,
+    },
+    /// The body did not arrive, as far as it is read before the request takes an
+    /// upstream slot, within `limits.body_arrival_timeout_ms`.
+    #[error(
+        "request body did not arrive within {timeout_ms} ms (limits.body_arrival_timeout_ms); nothing was forwarded"
+    )]
+    BodyArrivalTimeout {
+        /// The limit.
+        timeout_ms: u64,
+    },
+    /// `limits.unfenced_streams_max` requests without a fencing token were streaming
+    /// their bodies to the upstream, and none finished in time.
+    #[error(
+        "{max} requests without a fencing token are streaming their bodies to the upstream (limits.unfenced_streams_max) and none finished within {waited_ms} ms"
+    )]
+    UnfencedStreamsFull {
+        /// The limit.
+        max: usize,
+        /// How long this request waited.
+        waited_ms: u64,
+    },
     /// The embedded store has nothing at this key.
     #[error("no object at {key}")]
     NotFound {
@@ -245,12 +297,18 @@ impl ProxyError {
             | Self::BodyTimeout { .. }
             | Self::BodyRead(_)
             | Self::BadRequest(_)
+            | Self::BadConnection { .. }
+            | Self::BadHost { .. }
+            | Self::UnsupportedTransferCoding { .. }
+            | Self::BodyOnRead { .. }
+            | Self::BodyArrivalTimeout { .. }
             | Self::NotFound { .. }
             | Self::MethodNotAllowed { .. } => Cause::Client,
             Self::UpstreamTimeout { .. } | Self::Upstream(_) => Cause::Upstream,
             Self::BarrierTimeout { .. }
             | Self::ResetTimeout { .. }
             | Self::LeaseExpired { .. }
+            | Self::UnfencedStreamsFull { .. }
             | Self::Storage(_)
             | Self::Unavailable(_) => Cause::Internal,
         }
@@ -265,17 +323,24 @@ impl ProxyError {
             | Self::BadScope { .. }
             | Self::BadPath { .. }
             | Self::BadRequest(_)
+            | Self::BadConnection { .. }
+            | Self::BadHost { .. }
+            | Self::BodyOnRead { .. }
             | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
+            Self::UnsupportedTransferCoding { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::Stale { .. } | Self::NotIssued { .. } => StatusCode::CONFLICT,
             Self::ForeignScope { .. } => StatusCode::FORBIDDEN,
             Self::ScopesFull { .. } => StatusCode::INSUFFICIENT_STORAGE,
             Self::BarrierTimeout { .. }
             | Self::ResetTimeout { .. }
             | Self::LeaseExpired { .. }
+            | Self::UnfencedStreamsFull { .. }
             | Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::HeadTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::BodyTimeout { .. } | Self::BodyArrivalTimeout { .. } => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::NotTunnelled { .. } | Self::MethodNotAllowed { .. } => {
                 StatusCode::METHOD_NOT_ALLOWED
@@ -304,9 +369,14 @@ impl ProxyError {
             Self::BarrierTimeout { .. } | Self::ResetTimeout { .. } => kind::BARRIER_TIMEOUT,
             Self::BodyTooLarge { .. } => kind::BODY_TOO_LARGE,
             Self::HeadTooLarge { .. } => kind::HEAD_TOO_LARGE,
-            Self::BodyTimeout { .. } => kind::BODY_TIMEOUT,
+            Self::BodyTimeout { .. } | Self::BodyArrivalTimeout { .. } => kind::BODY_TIMEOUT,
             Self::BodyRead(_) => kind::BODY_READ,
             Self::BadRequest(_) => kind::BAD_REQUEST,
+            Self::BadConnection { .. } => kind::BAD_CONNECTION,
+            Self::BadHost { .. } => kind::BAD_HOST,
+            Self::UnsupportedTransferCoding { .. } => kind::UNSUPPORTED_TRANSFER_CODING,
+            Self::BodyOnRead { .. } => kind::BODY_ON_READ,
+            Self::UnfencedStreamsFull { .. } => kind::UNFENCED_STREAMS_FULL,
             Self::NotFound { .. } => kind::NOT_FOUND,
             Self::MethodNotAllowed { .. } => kind::METHOD_NOT_ALLOWED,
             Self::UpstreamTimeout { .. } => kind::UPSTREAM_TIMEOUT,

@@ -22,6 +22,9 @@
 //! - `config`: [`ProxyConfig`] and its limits, from TOML and flags, validated
 //!   (`config::file`: the file's types; `config::limits`; `config::validate`).
 //! - `service`: one request through its phases.
+//! - `framing`: the head's framing and target, checked first: a `Connection` naming a
+//!   header the request cannot lose, a repeated or contradicting `Host`, transfer
+//!   codings other than `chunked`, a body on GET or HEAD; refused, never altered.
 //! - `proof`: the public keys, and the check of a token's proof (verified once per
 //!   scope, token and proof; then a comparison).
 //! - `fencing`: standalone admission: the fence check and the per-scope in-flight
@@ -68,6 +71,7 @@ pub mod failpoints;
 mod fds;
 mod fencing;
 mod fleet;
+mod framing;
 pub mod metrics;
 mod proof;
 mod routing;

@@ -54,6 +54,8 @@ pub(crate) struct Decision {
     /// An `Upgrade` request its route allows: the connection is tunnelled after the
     /// response.
     pub upgrade: bool,
+    /// The route lets GET and HEAD carry a body (`read_bodies = true`).
+    pub read_bodies: bool,
 }
 
 /// The classification rules, built once from the configuration.
@@ -90,6 +92,12 @@ impl Classifier {
             client_scopes: config.client_scopes,
             fence_reads: config.fence_reads,
         }
+    }
+
+    /// The method-override headers: the proxy classifies by them, so they are among the
+    /// headers a `Connection` header may not name (see `framing`).
+    pub(crate) fn override_headers(&self) -> &[HeaderName] {
+        &self.override_headers
     }
 
     /// The scopes that must always be available whatever `limits.scopes_max` says:
@@ -197,6 +205,7 @@ impl Classifier {
             class,
             scope,
             upgrade: upgrade_asked,
+            read_bodies: route.is_some_and(|r| r.read_bodies),
         })
     }
 

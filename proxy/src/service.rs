@@ -25,6 +25,7 @@ use crate::config::ProxyConfig;
 use crate::error::{Cause, ProxyError};
 use crate::fencing::Fencer;
 use crate::fleet::{Admission, Lease};
+use crate::framing;
 use crate::metrics as m;
 use crate::proof::ProofVerifier;
 use crate::routing::{Class, Classifier};
@@ -79,6 +80,7 @@ impl Shared {
             body_limits: BodyLimits::new(
                 config.limits.body_bytes_max,
                 Duration::from_millis(config.limits.body_idle_timeout_ms),
+                Duration::from_millis(config.limits.body_arrival_timeout_ms),
                 config.limits.body_buffer_bytes_max,
             ),
         }
@@ -143,6 +145,9 @@ pub(crate) fn handle(
         // clone of the URI shares its bytes: no copy on the request path.
         let uri = request.uri().clone();
         let result = run_phases(Arc::clone(&shared), &mut ctx, request, Arc::clone(&peer)).await;
+        if let Err(err) = &result {
+            ctx.forwarding = reached_upstream(&ctx, err);
+        }
         (shared.fencer.activity()).observe(&result, ctx.forwarding, &ctx.method, &uri, &peer);
         Ok(respond_and_log(&ctx, result))
     }
@@ -161,10 +166,13 @@ fn run_phases(
     // Not an `async fn`: see `handle`.
     async move {
         // Phase: parse and classify. Scope and token come from the head alone, so bad
-        // requests are refused before their body is read.
+        // requests are refused before their body is read. The framing comes first: a
+        // request the proxy would have to alter to forward is refused as it is.
         let (mut parts, body) = request.into_parts();
         check_head_size(&parts, shared.head_bytes_max)?;
+        framing::check_head(&parts, shared.classifier.override_headers())?;
         let decision = shared.classifier.classify(&parts)?;
+        framing::check_body(&parts, !body.is_end_stream(), decision.read_bodies)?;
         // An upgrade its route allows: the client connection's upgrade goes with the
         // request (taken now, before the parts move), to be tunnelled if the upstream
         // switches.
@@ -274,6 +282,9 @@ fn forward(
         // arguments stay there even once moved on, so a copy under another name would
         // be held twice for as long as the request is in flight.
         fail::fail_point!("proxy-before-forward");
+        // Without a fencing token, a body still arriving once read ahead takes one of
+        // the upstream slots kept for such bodies (`limits.unfenced_streams_max`).
+        let unfenced = outgoing.admitted.is_none();
         // Fleet mode: until when the forward may run (the lease's end).
         let forward_until = outgoing
             .admitted
@@ -309,10 +320,11 @@ fn forward(
         let response = match &shared.backend {
             Backend::Http(upstream) => {
                 let upgrades = outgoing.upgrade.is_some();
+                let stream = unfenced && body.still_arriving();
                 let sent = match upstream.prepare(outgoing.parts, body, &peer, upgrades) {
                     Ok(request) => {
                         upstream
-                            .forward(request, exchange.as_ref(), outgoing.upgrade)
+                            .forward(request, exchange.as_ref(), outgoing.upgrade, stream)
                             .await
                     }
                     Err(e) => Err(e),
@@ -515,6 +527,17 @@ fn respond_and_log(
         }
     }
     err.into_response()
+}
+
+/// Whether a request that failed with `err` was handed to the backend. Some errors are
+/// met during the forward but before the upstream was sent anything (the body did not
+/// arrive in time; no slot for a streaming body without a token): those are refusals.
+fn reached_upstream(ctx: &Ctx, err: &ProxyError) -> bool {
+    ctx.forwarding
+        && !matches!(
+            err,
+            ProxyError::BodyArrivalTimeout { .. } | ProxyError::UnfencedStreamsFull { .. }
+        )
 }
 
 /// Milliseconds since `started`, for the request's log event.

@@ -48,7 +48,8 @@ pub(crate) fn snapshot(fencer: &Fencer, lease: Option<&Lease>, upstream: &str) -
         started: rfc3339(activity.started()),
         fences,
         rejections: activity.rejections(),
-        rejections_max: REJECTIONS_KEPT as u64,
+        // Two rings: stale tokens, and missing or invalid proofs (see `REJECTIONS_KEPT`).
+        rejections_max: 2 * REJECTIONS_KEPT as u64,
         rejections_total: activity.rejections_total(),
         barrier,
         upstream: activity.upstream(upstream.to_owned()),
@@ -101,8 +102,10 @@ pub(crate) fn render(status: &ProxyStatus, admin: &str) -> String {
     );
 
     page.heading(&format!(
-        "Recent rejections ({} since start; the last {} kept)",
-        status.rejections_total, status.rejections_max
+        "Recent rejections ({} since start; kept: the last {} stale tokens, and apart from them the last {} missing or invalid proofs)",
+        status.rejections_total,
+        status.rejections_max / 2,
+        status.rejections_max / 2
     ));
     let rows: Vec<_> = status
         .rejections
@@ -178,8 +181,12 @@ pub(crate) fn render(status: &ProxyStatus, admin: &str) -> String {
     match &status.lease {
         None => page.text("muted", "Standalone mode: this proxy holds no lease."),
         Some(lease) => {
+            let refused;
             let (state, class) = if lease.valid {
                 ("valid", "ok")
+            } else if let Some(refusal) = &lease.refusal {
+                refused = format!("refused: {refusal}");
+                (refused.as_str(), "bad")
             } else if lease.term == 0 {
                 ("none yet", "warn")
             } else {
@@ -232,6 +239,11 @@ pub(crate) fn render(status: &ProxyStatus, admin: &str) -> String {
                 "Not written (I/O errors)",
                 audit.failed.to_string(),
                 if audit.failed > 0 { "bad" } else { "" },
+            ),
+            (
+                "Noise counted, not written (past the rate; see FILE.noise)",
+                audit.suppressed.to_string(),
+                "",
             ),
         ]),
     }

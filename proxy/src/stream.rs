@@ -56,6 +56,8 @@ pub(crate) struct BodyLimits {
     pub max: Option<u64>,
     /// `limits.body_idle_timeout_ms`.
     pub idle: Duration,
+    /// `limits.body_arrival_timeout_ms`: the bound on [`RequestBody::read_ahead`].
+    pub arrival: Duration,
     /// The shared budget of `limits.body_buffer_bytes_max` bytes.
     budget: Arc<Semaphore>,
     /// The budget's size, so one frame larger than all of it still passes (alone).
@@ -63,13 +65,19 @@ pub(crate) struct BodyLimits {
 }
 
 impl BodyLimits {
-    pub(crate) fn new(max: Option<u64>, idle: Duration, buffer_bytes_max: u64) -> Self {
+    pub(crate) fn new(
+        max: Option<u64>,
+        idle: Duration,
+        arrival: Duration,
+        buffer_bytes_max: u64,
+    ) -> Self {
         // Permits are counted in u32 by tokio's `acquire_many`; a budget above 4 GiB is
         // no budget at all on the machines this runs on, so it is clamped.
         let budget_bytes = u32::try_from(buffer_bytes_max).unwrap_or(u32::MAX);
         Self {
             max,
             idle,
+            arrival,
             budget: Arc::new(Semaphore::new(budget_bytes as usize)),
             budget_bytes,
         }
@@ -94,6 +102,15 @@ pub(crate) enum BodyFault {
         /// The limit.
         timeout_ms: u64,
     },
+    /// What is read ahead of the body did not arrive in time, so the request never took
+    /// an upstream slot.
+    #[error(
+        "request body did not arrive within {timeout_ms} ms (limits.body_arrival_timeout_ms)"
+    )]
+    Arrival {
+        /// The limit.
+        timeout_ms: u64,
+    },
     /// The client's body broke (the client went away, or sent a malformed chunk).
     #[error("cannot read request body: {0}")]
     Read(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -114,6 +131,9 @@ impl BodyFault {
         match self {
             Self::TooLarge { max, field } => ProxyError::BodyTooLarge { max: *max, field },
             Self::Idle { timeout_ms } => ProxyError::BodyTimeout {
+                timeout_ms: *timeout_ms,
+            },
+            Self::Arrival { timeout_ms } => ProxyError::BodyArrivalTimeout {
                 timeout_ms: *timeout_ms,
             },
             Self::Read(e) => ProxyError::BodyRead(e.to_string()),
@@ -245,6 +265,8 @@ pub(crate) struct RequestBody<B = Incoming> {
     /// The field `max` comes from, for the error.
     max_field: &'static str,
     idle: Duration,
+    /// `limits.body_arrival_timeout_ms`.
+    arrival: Duration,
     /// Bytes seen so far.
     seen: u64,
     /// Armed when the client is first waited for; moved forward only when it fires
@@ -290,6 +312,7 @@ impl<B> RequestBody<B> {
             max,
             max_field,
             idle: limits.idle,
+            arrival: limits.arrival,
             seen: 0,
             idle_timer: None,
             // The exchange's start is this body's too: no second reading of the clock.
@@ -416,13 +439,34 @@ where
     /// It never waits for the shared budget while it holds frames read ahead: a frame
     /// that must wait stays parked, and the frames before it go upstream first, so
     /// bodies reading ahead cannot hold the whole budget while each waits for more.
+    ///
+    /// It has `limits.body_arrival_timeout_ms` to finish, on top of the idle timeout: a
+    /// client that trickles a small body a byte at a time is never idle, and the request
+    /// takes its upstream slot only after this returns. Past it, the body fails with
+    /// [`BodyFault::Arrival`] and nothing goes upstream.
     pub(crate) async fn read_ahead(&mut self) {
         let whole = self
             .inner
             .size_hint()
             .exact()
             .is_some_and(|len| len <= READ_AHEAD_BYTES_MAX);
-        std::future::poll_fn(|cx| self.poll_ahead(cx, whole)).await;
+        let arrival = self.arrival;
+        // A body already read (most small ones) ends the read on its first poll, before
+        // the timer is polled: no timer is registered for it.
+        let read = std::future::poll_fn(|cx| self.poll_ahead(cx, whole));
+        if tokio::time::timeout(arrival, read).await.is_err() {
+            let timeout_ms = u64::try_from(arrival.as_millis()).unwrap_or(u64::MAX);
+            if let Poll::Ready(Some(Err(fault))) = self.fail(BodyFault::Arrival { timeout_ms }) {
+                self.ahead_fault = Some(fault);
+            }
+        }
+    }
+
+    /// Whether more of the body is still to come from the client: it was not read to
+    /// its end (ahead or handed over) and has not failed. An upstream request with such
+    /// a body waits for its client while it holds its upstream slot.
+    pub(crate) fn still_arriving(&self) -> bool {
+        !self.done && !self.inner.is_end_stream()
     }
 
     /// The body's fault met while reading ahead (too large, idle, broken, cut off), if
@@ -576,8 +620,26 @@ where
 
     fn size_hint(&self) -> SizeHint {
         // The client's length, so a Content-Length body is forwarded with its length
-        // (and a chunked one chunked, with its trailers).
-        self.inner.size_hint()
+        // (and a chunked one chunked, with its trailers). hyper's body counts only what
+        // it has not handed out yet, so the frames read ahead (and one parked for the
+        // budget) are added back: the hint is what this body will still yield.
+        let inner = self.inner.size_hint();
+        let held = self
+            .ahead
+            .iter()
+            .chain(self.parked.as_ref().map(|(frame, _, _)| frame))
+            .filter_map(Frame::data_ref)
+            .map(|data| data.len() as u64)
+            .sum::<u64>();
+        if held == 0 {
+            return inner;
+        }
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(held));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
     }
 }
 
@@ -644,7 +706,7 @@ mod tests {
     /// frame on A.
     #[tokio::test]
     async fn the_budget_holds_back_a_frame_until_another_is_taken() {
-        let limits = BodyLimits::new(None, Duration::from_secs(30), 10);
+        let limits = BodyLimits::new(None, Duration::from_secs(30), Duration::from_secs(60), 10);
         let (a_tx, mut a) = fed(&limits);
         let (b_tx, mut b) = fed(&limits);
         a_tx.send(data(8)).unwrap();
@@ -684,7 +746,7 @@ mod tests {
     /// on another.
     #[tokio::test]
     async fn the_size_limit_cuts_off_a_body_that_crosses_it() {
-        let limits = BodyLimits::new(Some(10), Duration::from_secs(30), 1024);
+        let limits = BodyLimits::new(Some(10), Duration::from_secs(30), Duration::from_secs(60), 1024);
         let (tx, mut within) = fed(&limits);
         tx.send(data(6)).unwrap();
         tx.send(data(4)).unwrap();
@@ -726,7 +788,7 @@ mod tests {
     /// 80 ms more (still alive: the timer was reset), then 100 ms more.
     #[tokio::test(start_paused = true)]
     async fn an_idle_body_is_cut_off_and_progress_resets_the_timer() {
-        let limits = BodyLimits::new(None, Duration::from_millis(100), 1024);
+        let limits = BodyLimits::new(None, Duration::from_millis(100), Duration::from_secs(60), 1024);
         let (tx, mut body) = fed(&limits);
         tx.send(data(1)).unwrap();
         assert!(next(&mut body).await.unwrap().is_ok());
@@ -754,7 +816,7 @@ mod tests {
     /// frame at once, then frames every 40 ms until the cut-off.
     #[tokio::test(start_paused = true)]
     async fn a_body_is_cut_off_when_its_lease_ends() {
-        let limits = BodyLimits::new(None, Duration::from_secs(60), 1024);
+        let limits = BodyLimits::new(None, Duration::from_secs(60), Duration::from_secs(60), 1024);
         let (tx, mut body) = fed(&limits);
         body.set_forward_until(tokio::time::Instant::now() + Duration::from_millis(100));
         tx.send(data(1)).unwrap();
@@ -790,7 +852,7 @@ mod tests {
     /// `READ_AHEAD_BYTES_MAX + 1` bytes, each with its first frame only ready.
     #[tokio::test]
     async fn read_ahead_takes_a_small_declared_body_whole_and_others_one_frame() {
-        let limits = BodyLimits::new(None, Duration::from_secs(30), 1024);
+        let limits = BodyLimits::new(None, Duration::from_secs(30), Duration::from_secs(60), 1024);
         let (tx, mut body) = fed_declaring(&limits, Some(30));
         tx.send(data(10)).unwrap();
         let feeder = tokio::spawn(async move {
@@ -840,7 +902,7 @@ mod tests {
     /// frees its permits for the second.
     #[tokio::test]
     async fn read_ahead_does_not_wait_for_the_budget_while_holding_frames() {
-        let limits = BodyLimits::new(None, Duration::from_secs(30), 10);
+        let limits = BodyLimits::new(None, Duration::from_secs(30), Duration::from_secs(60), 10);
         let (tx, mut body) = fed_declaring(&limits, Some(16));
         tx.send(data(8)).unwrap();
         tx.send(data(8)).unwrap();
@@ -862,7 +924,7 @@ mod tests {
     /// 100 ms ahead; 150 ms later the first poll is the cut-off.
     #[tokio::test(start_paused = true)]
     async fn a_body_read_ahead_is_cut_off_when_its_lease_ends_before_it_is_sent() {
-        let limits = BodyLimits::new(None, Duration::from_secs(60), 1024);
+        let limits = BodyLimits::new(None, Duration::from_secs(60), Duration::from_secs(60), 1024);
         let (tx, mut body) = fed_declaring(&limits, Some(10));
         body.set_forward_until(tokio::time::Instant::now() + Duration::from_millis(100));
         tx.send(data(10)).unwrap();
@@ -883,7 +945,7 @@ mod tests {
     /// before the idle timeout) with the lease fault, and release the frame's permits.
     #[tokio::test(start_paused = true)]
     async fn a_body_being_read_ahead_is_cut_off_when_its_lease_ends() {
-        let limits = BodyLimits::new(None, Duration::from_secs(60), 1024);
+        let limits = BodyLimits::new(None, Duration::from_secs(60), Duration::from_secs(60), 1024);
         let (tx, mut body) = fed_declaring(&limits, Some(30));
         body.set_forward_until(tokio::time::Instant::now() + Duration::from_millis(100));
         tx.send(data(10)).unwrap();

@@ -22,8 +22,12 @@
 //!   counted from accept, idle-first eviction, request counting, release and park.
 //! - `tls`: PEM files into rustls configurations, and the acceptor of a control-plane
 //!   listener with optional mutual TLS.
+//! - `roles`: a request's credential ([`roles::Caller`], put there by [`serve_tls`]) and
+//!   [`roles::require_roles`], the route middleware that admits some roles and answers
+//!   403 problem+json to the rest.
 //! - `audit`: [`audit::AuditLog`], the audit log's writer (a bounded queue and a thread
-//!   that appends and rotates); the line it writes is `palisade_protocol::audit`'s.
+//!   that appends and rotates; security records and rate-limited noise in two files);
+//!   the line it writes is `palisade_protocol::audit`'s.
 //! - `html`: the status pages' escaping, page frame and times.
 #![deny(missing_docs)]
 
@@ -31,6 +35,7 @@ mod api;
 pub mod audit;
 mod conns;
 pub mod html;
+pub mod roles;
 mod serve;
 pub mod tls;
 

@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -20,6 +21,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 use crate::conns::{CloseHook, ConnPolicy, Connections};
+use crate::roles::PeerCredential;
 
 /// Pause after a failed accept (for example EMFILE), so the loop does not spin.
 pub const ACCEPT_BACKOFF_MS: u64 = 50;
@@ -75,7 +77,10 @@ pub async fn serve(
 /// read. When the acceptor's configuration requires client certificates (see
 /// [`crate::tls::acceptor`]), a client without one fails the handshake and is never
 /// served. A TLS connection refused at the connection limit is closed at once: a
-/// plaintext 503 would be garbage to a TLS client.
+/// plaintext 503 would be garbage to a TLS client. Every request of a connection whose
+/// client presented a certificate carries its credential, a
+/// [`PeerCredential`](crate::roles::PeerCredential) in its extensions (read it with
+/// [`Caller`](crate::roles::Caller)).
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
@@ -118,12 +123,16 @@ pub async fn serve_tls(
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let requests = admitted.requests();
-        let service =
+        // Each request carries the client's address and, on a TLS connection with a
+        // client certificate, its credential (`crate::roles`).
+        let service = move |credential: Option<PeerCredential>| {
             hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
                 let in_flight = requests.enter();
-                request
-                    .extensions_mut()
-                    .insert(ConnectInfo::<SocketAddr>(peer));
+                let extensions = request.extensions_mut();
+                extensions.insert(ConnectInfo::<SocketAddr>(peer));
+                if let Some(credential) = &credential {
+                    extensions.insert(credential.clone());
+                }
                 let router = router.clone();
                 async move {
                     let response = router
@@ -132,7 +141,8 @@ pub async fn serve_tls(
                         .into_response();
                     Ok::<_, Infallible>(in_flight.carry(response))
                 }
-            });
+            })
+        };
         let builder = builder.clone();
         let name = limits.name;
         let tls = tls.clone();
@@ -140,13 +150,18 @@ pub async fn serve_tls(
             let ended = match tls {
                 None => {
                     admitted
-                        .serve(builder.serve_connection(TokioIo::new(stream), service))
+                        .serve(builder.serve_connection(TokioIo::new(stream), service(None)))
                         .await
                 }
                 Some(acceptor) => match admitted.handshake(acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => {
+                        let credential =
+                            crate::tls::credential(stream.get_ref().1.peer_certificates())
+                                .map(|c| PeerCredential(Arc::new(c)));
                         admitted
-                            .serve(builder.serve_connection(TokioIo::new(stream), service))
+                            .serve(
+                                builder.serve_connection(TokioIo::new(stream), service(credential)),
+                            )
                             .await
                     }
                     Ok(Err(err)) => {
@@ -231,13 +246,23 @@ mod tests {
     /// A router whose `/v1/hang` never answers, so a request to it stays in flight; it
     /// tells `entered` when a request reaches it.
     fn hanging_app(entered: Arc<Notify>) -> Router {
-        let router = Router::new().route("/v1/x", get(|| async { "ok" })).route(
-            "/v1/hang",
-            get(move || async move {
-                entered.notify_one();
-                std::future::pending::<&'static str>().await
-            }),
-        );
+        let router = Router::new()
+            .route("/v1/x", get(|| async { "ok" }))
+            .route(
+                "/v1/hang",
+                get(move || async move {
+                    entered.notify_one();
+                    std::future::pending::<&'static str>().await
+                }),
+            )
+            .route(
+                "/v1/who",
+                get(
+                    |crate::roles::Caller(caller): crate::roles::Caller| async move {
+                        caller.map_or_else(|| "nobody".to_owned(), |c| c.names().join(","))
+                    },
+                ),
+            );
         finish(router, "test API", 64)
     }
 
@@ -452,6 +477,16 @@ mod tls_tests {
         pki: &Pki,
         identity: bool,
     ) -> Result<String, std::io::Error> {
+        get_path_over_tls(addr, pki, identity, "/v1/x").await
+    }
+
+    /// `GET path` over TLS to `addr`, presenting `identity` if given.
+    async fn get_path_over_tls(
+        addr: SocketAddr,
+        pki: &Pki,
+        identity: bool,
+        path: &str,
+    ) -> Result<String, std::io::Error> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(pki.ca.clone()).unwrap();
         let builder = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
@@ -469,8 +504,10 @@ mod tls_tests {
         let tcp = tokio::net::TcpStream::connect(addr).await?;
         let name = ServerName::try_from("127.0.0.1").unwrap();
         let mut tls = connector.connect(name, tcp).await?;
-        tls.write_all(b"GET /v1/x HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-            .await?;
+        tls.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
         let mut text = String::new();
         tls.read_to_string(&mut text).await?;
         Ok(text)
@@ -495,6 +532,12 @@ mod tls_tests {
         let served = get_over_tls(addr, &pki, true).await.unwrap();
         assert!(served.starts_with("HTTP/1.1 200"), "{served}");
         assert!(served.ends_with("ok"), "{served}");
+        // Each request carries the credential the handshake verified: the client
+        // certificate's DNS names.
+        let who = get_path_over_tls(addr, &pki, true, "/v1/who")
+            .await
+            .unwrap();
+        assert!(who.ends_with("\r\n\r\nclient"), "{who}");
         // TLS 1.3 finishes the client's side of the handshake before the server checks
         // the (missing) certificate, so the refusal shows as a failed exchange.
         let refused = get_over_tls(addr, &pki, false).await;

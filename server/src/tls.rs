@@ -6,10 +6,13 @@
 //! - [`acceptor`]: a server configuration for an HTTP/1.1 control-plane listener, with
 //!   client certificates from a CA required when one is given.
 //! - [`provider`]: the crypto provider every configuration here uses.
+//! - [`dns_names`], [`credential`]: the DNS names of a client's verified certificate,
+//!   which carry its role on the node API (`palisade_protocol::roles`).
 
 use std::path::Path;
 use std::sync::Arc;
 
+use palisade_protocol::Credential;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::crypto::CryptoProvider;
@@ -122,4 +125,40 @@ pub fn acceptor(
     // The control-plane stack serves HTTP/1.1 only.
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The DNS subject alternative names of `cert`, in its order; none when it has no such
+/// extension. An error when it does not parse as X.509 (a certificate rustls verified
+/// always does).
+pub fn dns_names(cert: &CertificateDer<'_>) -> Result<Vec<String>, String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
+        .map_err(|e| format!("the certificate does not parse: {e}"))?;
+    let san = parsed
+        .subject_alternative_name()
+        .map_err(|e| format!("its subject alternative names do not parse: {e}"))?;
+    Ok(san
+        .map(|ext| {
+            ext.value
+                .general_names
+                .iter()
+                .filter_map(|name| match name {
+                    GeneralName::DNSName(dns) => Some((*dns).to_owned()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// The credential a TLS client proved: the DNS names of the leaf among `certs` (the
+/// chain it presented, which the handshake verified against the client CA). `None`
+/// without a certificate; a leaf that does not parse is logged and holds no name.
+pub fn credential(certs: Option<&[CertificateDer<'_>]>) -> Option<Credential> {
+    let leaf = certs?.first()?;
+    let names = dns_names(leaf).unwrap_or_else(|err| {
+        tracing::warn!(cause = %err, "a verified client certificate's names could not be read; it holds no role");
+        Vec::new()
+    });
+    Some(Credential::from_names(names))
 }

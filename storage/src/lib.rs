@@ -11,7 +11,8 @@
 //!   one is an error, never a fresh start.
 //! - `fence`: the fence register, scope to highest admitted token; memory-served reads, fsynced raises.
 //! - `objects`: the embedded object store, the proxy's default backing storage.
-//! - `raftlog`: `raft::Storage` on redb, one write transaction per raft `Ready`.
+//! - `raftlog`: `raft::Storage` on redb, one write transaction per raft `Ready`; its
+//!   `recovery` rewrites a node's configuration to itself alone (`--force-new-cluster`).
 //! - `members`: the election cluster's members table (ids, peer addresses, removed ids),
 //!   stored next to the raft log and carried in its snapshots.
 #![deny(missing_docs)]
@@ -31,4 +32,4 @@ pub use members::{
 };
 pub use objects::{OBJECT_BYTES_MAX_DEFAULT, Object, ObjectError, ObjectMeta, ObjectStore};
 pub use raftlog::ReadyWrite;
-pub use raftlog::{RaftLog, RaftLogError};
+pub use raftlog::{ForcedCluster, RaftLog, RaftLogError};

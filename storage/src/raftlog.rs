@@ -35,6 +35,9 @@ use redb::{Database, Durability, ReadableDatabase, TableError};
 use crate::members::MembersTable;
 use crate::tables::{RAFT_ENTRIES, RAFT_META};
 
+mod recovery;
+pub use recovery::ForcedCluster;
+
 /// `RAFT_META` key of the protobuf-encoded `HardState`.
 const META_HARD_STATE: &str = "hard_state";
 /// `RAFT_META` key of the protobuf-encoded `ConfState`; absent until [`RaftLog::initialize`].
@@ -78,6 +81,9 @@ pub enum RaftLogError {
         /// Last index of the log.
         log_last: u64,
     },
+    /// `--force-new-cluster` cannot rewrite this log; the text says why and what to do.
+    #[error("cannot force a new cluster: {0}")]
+    Recovery(String),
     /// Compaction asked for entries that do not exist yet.
     #[error("cannot compact to index {index}: the last index is {last}")]
     CompactBeyondLast {

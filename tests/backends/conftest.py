@@ -35,6 +35,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "docs" / "examples"
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO_ROOT / "clients" / "python"))
+sys.path.insert(0, str(REPO_ROOT / "clients" / "python" / "tests"))
+
+from palisade_binary import palisade_bin  # noqa: E402 - found through the path above
 
 # How long a process may take to start answering, in seconds. Garage on a cold disk and
 # a debug palisade on a loaded 2-core machine take a few seconds; this is a deadline,
@@ -77,18 +80,6 @@ def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def palisade_bin() -> Path:
-    explicit = os.environ.get("PALISADE_BIN")
-    path = Path(explicit) if explicit else REPO_ROOT / "target" / "debug" / "palisade"
-    if not path.is_file():
-        pytest.fail(
-            f"the palisade binary is missing at {path}: run `cargo build -p palisade-cli` "
-            "at the repository root, or set PALISADE_BIN",
-            pytrace=False,
-        )
-    return path
 
 
 def tool(name: str, hint: str) -> str:
@@ -266,6 +257,44 @@ def proxy_config(workdir: Path, example_name: str) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     path.write_text((EXAMPLES / example_name).read_text())
     return path
+
+
+def start_proxy(workdir: Path, example_name: str, upstream: str, tls: bool = False) -> Proxy:
+    """A proxy in ``workdir`` running the example configuration ``example_name`` in front
+    of ``upstream``."""
+    return Proxy(workdir, proxy_config(workdir, example_name), upstream, tls=tls)
+
+
+class Backend:
+    """A backend's process (``self.process``), serving at ``self.url``."""
+
+    process: Process
+    url: str
+
+    def stop(self):
+        self.process.stop()
+
+
+def backend_fixtures(name: str, start, example_name: str):
+    """The two module fixtures a backend's tests use: ``NAME``, the backend ``start(dir)``
+    makes in a fresh directory, and ``proxy``, running the example configuration
+    ``example_name`` in front of it. Assign them to module globals of the same names:
+    ``etcd, proxy = backend_fixtures("etcd", Etcd, "proxy-etcd.toml")``."""
+
+    @pytest.fixture(scope="module", name=name)
+    def backend(tmp_path_factory):
+        b = start(tmp_path_factory.mktemp(name))
+        yield b
+        b.stop()
+
+    @pytest.fixture(scope="module", name="proxy")
+    def proxy(tmp_path_factory, request):
+        work = tmp_path_factory.mktemp(f"proxy-{name}")
+        p = start_proxy(work, example_name, request.getfixturevalue(name).url)
+        yield p
+        p.stop()
+
+    return backend, proxy
 
 
 # ---------------------------------------------------------------------------- cluster

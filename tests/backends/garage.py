@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Process, example, free_port, port_open, random_secret_hex, tool, wait_until
+from conftest import Backend, Process, example, free_port, port_open, random_secret_hex, tool, wait_until
 
 KEY_NAME = "palisade-test"
 
 
-class Garage:
+class Garage(Backend):
     def __init__(self, workdir: Path):
         self.bin = tool("garage", "cargo install garage --version 2.5.0 --locked")
         workdir.mkdir(parents=True, exist_ok=True)
@@ -61,6 +61,3 @@ class Garage:
     def create_bucket(self, bucket: str):
         self.cli("bucket", "create", bucket)
         self.cli("bucket", "allow", "--read", "--write", "--owner", bucket, "--key", KEY_NAME)
-
-    def stop(self):
-        self.process.stop()

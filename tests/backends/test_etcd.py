@@ -13,68 +13,18 @@ import pytest
 
 from conftest import (
     LEADERSHIP_MOVES,
-    Process,
-    Proxy,
-    example,
-    free_port,
+    backend_fixtures,
     gc_paused_writer_is_refused,
     http,
     http_json,
     is_problem,
-    proxy_config,
-    tool,
+    start_proxy,
 )
+from etcd_backend import Etcd, b64
+
 SCOPE = "etcd"
 
-
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-class Etcd:
-    def __init__(self, workdir):
-        binary = tool("etcd", "apt-get install etcd-server")
-        workdir.mkdir(parents=True, exist_ok=True)
-        client, peer = free_port(), free_port()
-        config = workdir / "etcd.yaml"
-        config.write_text(example("etcd.yaml", {
-            "/var/lib/etcd/palisade-test": workdir / "data",
-            "127.0.0.1:2379": f"127.0.0.1:{client}",
-            "127.0.0.1:2380": f"127.0.0.1:{peer}",
-        }))
-        self.url = f"http://127.0.0.1:{client}"
-        self.process = Process("etcd", [binary, "--config-file", config], workdir / "etcd.log")
-        self.process.wait_or_stop("etcd's /health", self._healthy)
-
-    def _healthy(self):
-        self.process.check_alive()
-        status, _, body = http("GET", self.url + "/health", timeout=2)
-        return status == 200 and b'"true"' in body
-
-    def value(self, key: str):
-        """The key's value read from etcd itself, or None."""
-        status, body = http_json("POST", self.url + "/v3/kv/range", {"key": b64(key)})
-        assert status == 200, body
-        kvs = body.get("kvs", [])
-        return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
-
-    def stop(self):
-        self.process.stop()
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
-    e = Etcd(tmp_path_factory.mktemp("etcd"))
-    yield e
-    e.stop()
-
-
-@pytest.fixture(scope="module")
-def proxy(tmp_path_factory, etcd):
-    work = tmp_path_factory.mktemp("proxy-etcd")
-    p = Proxy(work, proxy_config(work, "proxy-etcd.toml"), etcd.url)
-    yield p
-    p.stop()
+etcd, proxy = backend_fixtures("etcd", Etcd, "proxy-etcd.toml")
 
 
 def call(proxy, path: str, payload, token=None):
@@ -148,7 +98,7 @@ def test_a_gc_paused_etcd_writer_is_refused(etcd, tmp_path, move):
     (transferred, or the leader killed); the new token puts; SIGCONT: the stale put gets
     409, and etcd directly holds the new leader's value. The proxy is this test's own,
     so that its fence starts at 0, where a new cluster's first term is accepted."""
-    proxy = Proxy(tmp_path / "proxy", proxy_config(tmp_path / "proxy", "proxy-etcd.toml"), etcd.url)
+    proxy = start_proxy(tmp_path / "proxy", "proxy-etcd.toml", etcd.url)
 
     def fresh_write(token):
         status, body = call(proxy, "/v3/kv/put", {"key": b64("leader"), "value": b64("new leader")}, token)

@@ -29,11 +29,11 @@ from botocore.exceptions import ClientError
 
 from conftest import (
     LEADERSHIP_MOVES,
-    Proxy,
+    backend_fixtures,
     gc_paused_writer_is_refused,
     http as http_request,
     is_problem,
-    proxy_config,
+    start_proxy,
 )
 from garage import Garage
 from s3 import REGION, s3_client
@@ -64,25 +64,13 @@ class Token:
         return self.value
 
 
-@pytest.fixture(scope="module")
-def garage(tmp_path_factory):
-    g = Garage(tmp_path_factory.mktemp("garage"))
-    yield g
-    g.stop()
-
-
-@pytest.fixture(scope="module")
-def proxy(tmp_path_factory, garage):
-    work = tmp_path_factory.mktemp("proxy-s3")
-    p = Proxy(work, proxy_config(work, "proxy-s3.toml"), garage.url)
-    yield p
-    p.stop()
+garage, proxy = backend_fixtures("garage", Garage, "proxy-s3.toml")
 
 
 @pytest.fixture(scope="module")
 def tls_proxy(tmp_path_factory, garage):
     work = tmp_path_factory.mktemp("proxy-s3-tls")
-    p = Proxy(work, proxy_config(work, "proxy-s3.toml"), garage.url, tls=True)
+    p = start_proxy(work, "proxy-s3.toml", garage.url, tls=True)
     yield p
     p.stop()
 

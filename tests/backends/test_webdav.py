@@ -6,68 +6,23 @@ method) are fenced writes. wsgidav runs ``docs/examples/wsgidav.yaml``. What is 
 is the directory wsgidav serves, read from the file system: the backend's own contents.
 """
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import (
     LEADERSHIP_MOVES,
-    Process,
-    Proxy,
-    example,
-    free_port,
+    backend_fixtures,
     gc_paused_writer_is_refused,
     http,
     is_problem,
-    port_open,
-    proxy_config,
-    tool,
+    start_proxy,
 )
+from webdav_backend import WsgiDav
+
 SCOPE = "dav"
 
-
-class WsgiDav:
-    def __init__(self, workdir: Path):
-        # The module of the python3 running the tests, so that a pip install whose scripts
-        # directory is not on PATH still counts; skipped only when it is not importable.
-        try:
-            import cheroot  # noqa: F401, PLC0415
-            import wsgidav  # noqa: F401, PLC0415
-        except ImportError:
-            tool("wsgidav", "pip install wsgidav cheroot")  # skips, or fails under CI
-        command = [sys.executable, "-m", "wsgidav.server.server_cli"]
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.root = workdir / "root"
-        self.root.mkdir()
-        self.port = free_port()
-        config = workdir / "wsgidav.yaml"
-        config.write_text(example("wsgidav.yaml", {"8090": self.port, "/var/lib/dav": self.root}))
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = Process("wsgidav", [*command, "--config", config], workdir / "wsgidav.log")
-        self.process.wait_or_stop("wsgidav to answer OPTIONS", self._up)
-
-    def _up(self):
-        self.process.check_alive()
-        return port_open(self.port) and http("OPTIONS", self.url + "/", timeout=2)[0] == 200
-
-    def stop(self):
-        self.process.stop()
-
-
-@pytest.fixture(scope="module")
-def dav(tmp_path_factory):
-    d = WsgiDav(tmp_path_factory.mktemp("wsgidav"))
-    yield d
-    d.stop()
-
-
-@pytest.fixture(scope="module")
-def proxy(tmp_path_factory, dav):
-    work = tmp_path_factory.mktemp("proxy-webdav")
-    p = Proxy(work, proxy_config(work, "proxy-webdav.toml"), dav.url)
-    yield p
-    p.stop()
+dav, proxy = backend_fixtures("dav", WsgiDav, "proxy-webdav.toml")
 
 
 def req(proxy, method, path, body=b"", token=None, **headers):
@@ -160,7 +115,7 @@ def test_a_gc_paused_webdav_writer_is_refused(dav, tmp_path, move):
     taking the token; leadership moves (transferred, or the leader killed); the new
     token PUTs; SIGCONT: the stale PUT gets 409, and the file on disk holds the new
     leader's bytes."""
-    proxy = Proxy(tmp_path / "proxy", proxy_config(tmp_path / "proxy", "proxy-webdav.toml"), dav.url)
+    proxy = start_proxy(tmp_path / "proxy", "proxy-webdav.toml", dav.url)
 
     def fresh_write(token):
         assert req(proxy, "PUT", "/leader.txt", b"new leader", token=token) in (201, 204)

@@ -56,12 +56,7 @@ async fn wait_records(file: &Path, args: &[&str], n: usize) -> Vec<AuditRecord> 
 #[tokio::test]
 async fn stale_leader_rejection_is_in_the_audit_log_with_its_fields() {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("proxy-audit.log");
-    let s = crate::status_pages::stale_write_cluster(
-        dir.path(),
-        vec!["--audit-log".into(), log.display().to_string()],
-    )
-    .await;
+    let (s, log) = crate::election_announce::audited_stale_write_cluster(dir.path()).await;
 
     let rejections = wait_records(&log, &["--event", "rejection"], 1).await;
     assert_eq!(rejections.len(), 1, "{rejections:?}");

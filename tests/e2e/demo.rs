@@ -3,21 +3,29 @@
 
 use std::process::Command;
 
+/// Runs `palisade demo` with a short pause, fast ticks and `extra` flags, asserts it
+/// exited 0, and returns its stdout.
+fn run_demo(extra: &[&str]) -> String {
+    crate::use_tested_binary();
+    let output = Command::new(crate::PALISADE)
+        .args(["demo", "--pause", "2", "--tick-ms", "50"])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "demo failed\n{stdout}\n{stderr}");
+    stdout
+}
+
 /// Goal: the demo, in its default secure mode (signed tokens, peer mutual TLS, an admin
 /// token), shows a paused leader's write rejected and exits 0 with a verdict that holds,
 /// and says it ran secure. Method: run it with a short pause and fast ticks and no mode
 /// flag; read its `secure:` lines and its timeline.
 #[test]
 fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
-    crate::use_tested_binary();
-    let output = Command::new(crate::PALISADE)
-        .args(["demo", "--pause", "2", "--tick-ms", "50"])
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "demo failed\n{stdout}\n{stderr}");
+    let stdout = run_demo(&[]);
     for line in [
         "secure: signed fencing tokens",
         "secure: peer mutual TLS",
@@ -53,15 +61,7 @@ fn demo_rejects_the_paused_leaders_write_and_the_verdict_holds() {
 /// verdict.
 #[test]
 fn demo_with_three_proxies_rejects_the_old_leaders_write_through_another_proxy() {
-    crate::use_tested_binary();
-    let output = Command::new(crate::PALISADE)
-        .args(["demo", "--proxies", "3", "--pause", "2", "--tick-ms", "50"])
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "demo failed\n{stdout}\n{stderr}");
+    let stdout = run_demo(&["--proxies", "3"]);
     assert!(
         stdout.contains("a fleet of 3 proxies in front of one store"),
         "{stdout}"

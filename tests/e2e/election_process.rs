@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use http::StatusCode;
 use nix::sys::signal::Signal;
 use palisade_client::NodeApi;
-use palisade_cluster::wait;
-use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec};
-use palisade_protocol::{DEFAULT_SCOPE, LeaderView, Role};
+use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, wait};
+use palisade_protocol::{DEFAULT_SCOPE, Role};
+use palisade_tests::fixtures::settled_leader;
 use palisade_tests::process::start_cluster;
 
 /// Generous deadline for anything that takes a few election timeouts.
@@ -30,12 +30,6 @@ fn start(dir: &std::path::Path) -> Cluster {
     start_cluster(dir, &spec, &options)
 }
 
-async fn settled(c: &Cluster, ids: &[u64], what: &str) -> LeaderView {
-    wait::poll(SETTLE, || c.settled_leader(ids))
-        .await
-        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
-}
-
 /// The API client of node `id`.
 fn api(c: &Cluster, id: u64) -> &NodeApi {
     c.node(id).unwrap().api()
@@ -48,7 +42,7 @@ async fn three_processes_elect_one_established_leader() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let c = start(dir.path());
-    let leader = settled(&c, &c.ids(), "a settled leader").await;
+    let leader = settled_leader(&c, &c.ids(), SETTLE, "a settled leader").await;
     assert_eq!(leader.token, Some(leader.term));
     assert_eq!(leader.role, Role::Leader);
     assert!(
@@ -74,7 +68,7 @@ async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
     let dir = tempfile::tempdir().unwrap();
     let c = start(dir.path());
     let ids = c.ids();
-    let old = settled(&c, &ids, "a settled leader").await;
+    let old = settled_leader(&c, &ids, SETTLE, "a settled leader").await;
     let paused = c.node(old.node_id).unwrap();
     paused.guard.pause().unwrap();
     let stopped_at = Instant::now();
@@ -115,7 +109,7 @@ async fn stopped_leader_is_replaced_and_resumes_as_follower_of_new_term() {
         Some(old.node_id),
         "it never names itself"
     );
-    settled(&c, &ids, "the cluster to settle again").await;
+    settled_leader(&c, &ids, SETTLE, "the cluster to settle again").await;
 }
 
 /// Goal: a node killed with SIGKILL and restarted keeps its hard state: its term never
@@ -128,7 +122,7 @@ async fn killed_nodes_restart_with_their_term() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = start(dir.path());
     let ids = c.ids();
-    let before = settled(&c, &ids, "a settled leader").await;
+    let before = settled_leader(&c, &ids, SETTLE, "a settled leader").await;
     let terms = c.leaderships().await;
     assert_eq!(terms.len(), ids.len(), "every node answers");
     for node in &mut c.nodes {
@@ -149,7 +143,7 @@ async fn killed_nodes_restart_with_their_term() {
             view.term
         );
     }
-    let after = settled(&c, &ids, "a settled leader after restart").await;
+    let after = settled_leader(&c, &ids, SETTLE, "a settled leader after restart").await;
     assert!(
         after.term > before.term,
         "new leader's term {} is not above {}",
@@ -166,7 +160,7 @@ async fn terminated_leader_hands_over_and_exits_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = start(dir.path());
     let ids = c.ids();
-    let old = settled(&c, &ids, "a settled leader").await;
+    let old = settled_leader(&c, &ids, SETTLE, "a settled leader").await;
     let node = c.node_mut(old.node_id).unwrap();
     node.guard.signal(Signal::SIGTERM).unwrap();
     let status = node.guard.wait_exit(SETTLE).unwrap();
@@ -176,7 +170,7 @@ async fn terminated_leader_hands_over_and_exits_cleanly() {
         .copied()
         .filter(|&id| id != old.node_id)
         .collect();
-    let new = settled(&c, &others, "the others to settle").await;
+    let new = settled_leader(&c, &others, SETTLE, "the others to settle").await;
     assert!(new.term > old.term);
     c.node_mut(old.node_id).unwrap().restart().unwrap();
 }
@@ -189,12 +183,12 @@ async fn transfer_and_resign_over_http_move_leadership() {
     let dir = tempfile::tempdir().unwrap();
     let c = start(dir.path());
     let ids = c.ids();
-    let old = settled(&c, &ids, "a settled leader").await;
+    let old = settled_leader(&c, &ids, SETTLE, "a settled leader").await;
     let target = *ids.iter().find(|&&id| id != old.node_id).unwrap();
     let done = api(&c, old.node_id).transfer(target).await.unwrap();
     assert_eq!((done.from, done.to), (old.node_id, target));
     assert!(done.term > old.term);
-    let now = settled(&c, &ids, "the target to settle").await;
+    let now = settled_leader(&c, &ids, SETTLE, "the target to settle").await;
     assert_eq!(now.node_id, target);
 
     let refused = api(&c, old.node_id).resign().await.unwrap_err();
@@ -205,7 +199,7 @@ async fn transfer_and_resign_over_http_move_leadership() {
     );
     let resigned = api(&c, target).resign().await.unwrap();
     assert_eq!(resigned.from, target);
-    let after = settled(&c, &ids, "a settled leader after resign").await;
+    let after = settled_leader(&c, &ids, SETTLE, "a settled leader after resign").await;
     assert_ne!(after.node_id, target);
     assert!(after.term > now.term);
 }
@@ -224,7 +218,7 @@ async fn long_poll_answers_on_term_change_or_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let c = start(dir.path());
     let ids = c.ids();
-    let leader = settled(&c, &ids, "a settled leader").await;
+    let leader = settled_leader(&c, &ids, SETTLE, "a settled leader").await;
     let follower = *ids.iter().find(|&&id| id != leader.node_id).unwrap();
     let started = Instant::now();
     let same = api(&c, follower)

@@ -14,6 +14,7 @@ use palisade_cluster::wait::{self, POLL};
 use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, NodeHost};
 use palisade_protocol::process::events;
 use palisade_protocol::{LeaderView, Role};
+use palisade_tests::fixtures::settled_leader;
 use palisade_tests::process::start_cluster;
 
 /// Generous deadline for anything that takes a few election timeouts.
@@ -60,12 +61,6 @@ fn start_scored(dir: &std::path::Path, scores: &[f64]) -> Cluster {
     start_cluster(dir, &spec, &options)
 }
 
-async fn settled(c: &Cluster, ids: &[u64], what: &str) -> LeaderView {
-    wait::poll(SETTLE, || c.settled_leader(ids))
-        .await
-        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
-}
-
 /// The established leader above `term` among `ids` (asking only them).
 async fn leader_above(c: &Cluster, ids: &[u64], term: u64, what: &str) -> LeaderView {
     wait::poll(SETTLE, || async {
@@ -109,7 +104,7 @@ async fn best_node_leads_next_best_takes_over_and_leadership_returns_after_the_h
     let dir = tempfile::tempdir().unwrap();
     let c = start_scored(dir.path(), &[10.0, 30.0, 20.0]);
     let ids = c.ids();
-    let first = settled(&c, &ids, "a settled leader").await;
+    let first = settled_leader(&c, &ids, SETTLE, "a settled leader").await;
     assert_eq!(
         first.node_id, 2,
         "the highest score leads after start: {first:?}"
@@ -164,7 +159,7 @@ async fn best_node_leads_next_best_takes_over_and_leadership_returns_after_the_h
         "node 3 logged its hand-over as {}",
         events::SCORE_TRANSFER
     );
-    let again = settled(&c, &ids, "the cluster to settle on node 2").await;
+    let again = settled_leader(&c, &ids, SETTLE, "the cluster to settle on node 2").await;
     assert_eq!(again.node_id, 2);
 }
 
@@ -179,7 +174,7 @@ async fn behind_log_node_with_the_best_score_does_not_win_before_catching_up() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let mut c = start_scored(dir.path(), &[10.0, 30.0, 20.0]);
-    let first = settled(&c, &c.ids(), "a settled leader").await;
+    let first = settled_leader(&c, &c.ids(), SETTLE, "a settled leader").await;
     assert_eq!(first.node_id, 2);
 
     c.node_mut(2).unwrap().kill9();
@@ -210,7 +205,7 @@ async fn scores_flapping_within_the_margin_never_transfer() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
     let mut c = start_scored(dir.path(), &[10.0, 10.4, 9.7]);
-    let first = settled(&c, &c.ids(), "a settled leader").await;
+    let first = settled_leader(&c, &c.ids(), SETTLE, "a settled leader").await;
     assert_eq!(
         first.node_id, 1,
         "scores within the margin: the lowest id leads"

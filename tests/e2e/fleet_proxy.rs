@@ -24,6 +24,7 @@ use palisade_protocol::Problem;
 use palisade_protocol::lease::{LeaseGrant, LeaseRequest, LeaseView, UNKNOWN_PROXY};
 use palisade_protocol::{DEFAULT_SCOPE, Scope};
 use palisade_tests::client::put;
+use palisade_tests::fixtures::resign;
 use palisade_tests::process::{ProxyProcess, start_proxy};
 use palisade_tests::upstream::RecordingUpstream;
 
@@ -399,13 +400,7 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
     assert!(refused.text().contains(UNKNOWN_PROXY), "{}", refused.text());
     drop(outsider);
 
-    cluster
-        .node(first.node_id)
-        .unwrap()
-        .api()
-        .resign()
-        .await
-        .unwrap();
+    resign(&cluster, first.node_id).await;
     let second = wait::poll(WAIT, || async {
         cluster
             .established_leader(Some(first.node_id))

@@ -25,9 +25,13 @@
 //! - `election_process`: elections among `palisade node` processes: pauses, kills,
 //!   transfer, resign, long poll, configuration errors.
 //! - `election_announce`: a new leader fences the proxy without writing.
+//! - `election_announce_list`: the announce list cannot drop fencing: a removed proxy is
+//!   retired, bad entries are refused up front, an unreachable proxy stops no announce.
 //! - `election_scores`: leaders placed by score (`--score-oracle static`): the best node
 //!   leads, the next best while it is paused, leadership returns after the hold, a
 //!   behind log waits, scores within the margin never transfer.
+//! - `fleet_no_leases`: a fleet proxy in front of a node without `--lease-ms` names the
+//!   flag in its 503s, `/healthz`, `/v1/lease` and its log at start.
 //! - `fleet_proxy`: proxies in fleet mode (`--cluster`) under leases: the old term
 //!   refused at every proxy, 503 while the cluster is unreachable, unlisted proxies.
 //! - `client_rust`: the Rust client against a real proxy.
@@ -37,21 +41,29 @@
 //!   Chromium (screenshots kept in `target/test-artifacts/`), and `palisade status`.
 //! - `audit`: the audit log: a stale leader's rejection with its fields, `palisade audit`
 //!   filters, rotation by size, a node's announce and a transfer asked of its API.
+//! - `audit_flood`: a million requests without a proof leave an earlier stale write in
+//!   the audit log and on the status page, and every one of them is accounted for.
 //! - `trust_tokens`: signed tokens: forged tokens and proofs refused with 401, the
 //!   leader's proof admitted, and only the new leader's after an election.
 //! - `trust_admin`: the admin bearer token, and the audited fence reset (API and CLI).
 //! - `trust_peers`: peer mTLS and the node API's client certificates; forged raft frames
 //!   in plaintext loopback mode.
+//! - `trust_roles`: roles on the node API (certificates named `node-`, `proxy-`,
+//!   `writer-`, `operator-`): each route admits exactly its roles, proxies lease only
+//!   their own entry, nodes add only themselves; refusals counted and audited.
 // Tests may unwrap: a failed step panics with its cause, which is what a test should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod audit;
+mod audit_flood;
 mod client_embedded;
 mod client_rust;
 mod demo;
 mod election_announce;
+mod election_announce_list;
 mod election_process;
 mod election_scores;
+mod fleet_no_leases;
 mod fleet_proxy;
 mod proxy_connections;
 mod proxy_fencing;
@@ -63,6 +75,7 @@ mod proxy_transport;
 mod status_pages;
 mod trust_admin;
 mod trust_peers;
+mod trust_roles;
 mod trust_tokens;
 
 /// The `palisade` binary Cargo built for these tests.

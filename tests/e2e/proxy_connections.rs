@@ -9,11 +9,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use palisade_cluster::wait;
-use palisade_cluster::{ClusterOptions, ClusterSpec};
-use palisade_protocol::DEFAULT_SCOPE;
+use palisade_cluster::{ClusterOptions, ClusterSpec, wait};
 use palisade_tests::client::send;
 use palisade_tests::fixtures::write_config;
+use palisade_tests::fixtures::{fence_at_proxy, first_announced_leader};
 use palisade_tests::process::{start_cluster, start_proxy};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -338,19 +337,8 @@ async fn idle_flood_on_the_admin_port_does_not_delay_the_announce() {
     let admin = cluster.proxy.admin;
     let (flood, reconnects) = hold_idle_connections(admin, ADMIN_FLOOD_CONNECTIONS);
 
-    let first = cluster
-        .wait_for_leader(0, None, ELECTION_TIMEOUT)
-        .await
-        .expect("a first leader");
+    let first = first_announced_leader(&cluster, ELECTION_TIMEOUT).await;
     let old = first.token.unwrap();
-    wait::poll(ELECTION_TIMEOUT, || async {
-        cluster
-            .proxy_fence(DEFAULT_SCOPE)
-            .await
-            .filter(|&f| f == old)
-    })
-    .await
-    .expect("timed out waiting for the first token at the proxy");
     // The flood is at the admin port's limit before the election starts.
     wait::poll(ELECTION_TIMEOUT, || async {
         (closes(admin, "admin", "evicted-idle").await >= 1.0).then_some(())
@@ -377,14 +365,7 @@ async fn idle_flood_on_the_admin_port_does_not_delay_the_announce() {
     })
     .await
     .expect("timed out waiting for a new leader's token in its leader view");
-    wait::poll(ELECTION_TIMEOUT, || async {
-        cluster
-            .proxy_fence(DEFAULT_SCOPE)
-            .await
-            .filter(|&f| f >= new)
-    })
-    .await
-    .expect("timed out waiting for the new token at the proxy");
+    fence_at_proxy(&cluster, ELECTION_TIMEOUT, "the new token", |f| f >= new).await;
     let elapsed = seen_at.elapsed();
     paused.guard.resume().unwrap();
     eprintln!(

@@ -486,11 +486,7 @@ async fn idle_body_is_cut_off_with_408_and_releases_its_scope() {
 async fn body_over_the_operator_cap_is_413() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let (upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
-        dir.path(),
-        "[limits]\nbody_bytes_max = 1024\n",
-    )
-    .await;
+    let (upstream, proxy) = crate::proxy_transport::proxy_with_a_1_kib_body_cap(dir.path()).await;
     put_declared_over_the_limit(&proxy, "/c", 7, "limits.body_bytes_max").await;
     assert!(upstream.arrived().is_empty());
     assert_eq!(upstream.body_bytes(), 0);

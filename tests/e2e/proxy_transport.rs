@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::headers::FENCING_TOKEN;
 use palisade_tests::client::{put, send};
 use palisade_tests::fixtures::admin;
-use palisade_tests::process::start_proxy;
+use palisade_tests::process::{ProxyProcess, start_proxy};
 use palisade_tests::upstream::RecordingUpstream;
 
 /// Sends raw bytes on a fresh connection and returns everything the proxy answers until
@@ -29,6 +30,11 @@ fn raw_exchange(addr: std::net::SocketAddr, request: &[u8], timeout: Duration) -
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A recording upstream and a proxy in front of it whose `limits.body_bytes_max` is 1 KiB.
+pub(crate) async fn proxy_with_a_1_kib_body_cap(dir: &Path) -> (RecordingUpstream, ProxyProcess) {
+    palisade_tests::fixtures::proxy_with_upstream(dir, "[limits]\nbody_bytes_max = 1024\n").await
+}
+
 /// Goal: an oversize body gets 413, with or without Content-Length, never arrives whole
 /// upstream, and one refused by its Content-Length does not raise the fence. Method: a
 /// 1 KiB limit; PUT 1024 bytes, 1025 bytes with token 2, and a chunked body of 1600
@@ -37,11 +43,7 @@ fn raw_exchange(addr: std::net::SocketAddr, request: &[u8], timeout: Duration) -
 async fn oversize_body_gets_413_and_is_not_forwarded() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let (upstream, proxy) = palisade_tests::fixtures::proxy_with_upstream(
-        dir.path(),
-        "[limits]\nbody_bytes_max = 1024\n",
-    )
-    .await;
+    let (upstream, proxy) = proxy_with_a_1_kib_body_cap(dir.path()).await;
 
     assert_eq!(
         put(&proxy.url("/k"), 1, &"x".repeat(1024)).await.status,

@@ -13,96 +13,11 @@ use std::time::Duration;
 
 use http::StatusCode;
 use palisade_cluster::wait;
-use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec};
 use palisade_protocol::DEFAULT_SCOPE;
-use palisade_tests::client::put;
-use palisade_tests::process::start_cluster;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-/// Generous bound for an election at 20 ms ticks on a loaded 2-core machine.
-const ELECTION_TIMEOUT: Duration = Duration::from_secs(20);
 /// Time Chromium gets to load and render one page.
 const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A cluster after the stale-leader workload.
-pub(crate) struct AfterStaleWrite {
-    pub cluster: Cluster,
-    /// The paused leader's id and token.
-    pub old_leader: u64,
-    pub old: u64,
-    /// The successor's id and token.
-    pub new_leader: u64,
-    pub new: u64,
-}
-
-/// Starts three nodes and a proxy (with `proxy_flags`), writes with the first leader's
-/// token, pauses that leader until a successor is announced at the proxy, resumes it,
-/// and has it write `/ledger/2` with its old token: rejected with 409.
-pub(crate) async fn stale_write_cluster(dir: &Path, proxy_flags: Vec<String>) -> AfterStaleWrite {
-    crate::use_tested_binary();
-    let spec = ClusterSpec {
-        nodes: 3,
-        node_flags: vec!["--tick-ms".into(), "20".into()],
-        proxy_flags,
-    };
-    let cluster = start_cluster(dir, &spec, &ClusterOptions::default());
-    let first = cluster
-        .wait_for_leader(0, None, ELECTION_TIMEOUT)
-        .await
-        .expect("a first leader");
-    let old = first.token.unwrap();
-    wait::poll(ELECTION_TIMEOUT, || async {
-        cluster
-            .proxy_fence(DEFAULT_SCOPE)
-            .await
-            .filter(|&f| f == old)
-    })
-    .await
-    .expect("timed out waiting for the first token at the proxy");
-    let ok = put(&cluster.proxy.url("/ledger/1"), old, "first").await;
-    assert_eq!(ok.status, StatusCode::OK);
-
-    let paused = cluster.node(first.node_id).unwrap();
-    paused.guard.pause().unwrap();
-    let next = cluster
-        .wait_for_leader(old, Some(first.node_id), ELECTION_TIMEOUT)
-        .await
-        .expect("a new leader while the old one is paused");
-    let new = next.token.unwrap();
-    wait::poll(ELECTION_TIMEOUT, || async {
-        cluster
-            .proxy_fence(DEFAULT_SCOPE)
-            .await
-            .filter(|&f| f == new)
-    })
-    .await
-    .expect("timed out waiting for the new token at the proxy");
-    paused.guard.resume().unwrap();
-    let stale = put(
-        &cluster.proxy.url("/ledger/2"),
-        old,
-        "from the paused leader",
-    )
-    .await;
-    assert_eq!(stale.status, StatusCode::CONFLICT);
-    // Every node, the resumed one included, follows the new leader before a page is read.
-    for node in &cluster.nodes {
-        wait::poll(ELECTION_TIMEOUT, || async {
-            node.leadership()
-                .await
-                .filter(|l| l.term == new && l.leader_id == Some(next.node_id))
-        })
-        .await
-        .expect("timed out waiting for every node to follow the new leader");
-    }
-    AfterStaleWrite {
-        old_leader: first.node_id,
-        old,
-        new_leader: next.node_id,
-        new,
-        cluster,
-    }
-}
 
 /// GET `url`, the body as text.
 async fn get_text(url: &str) -> (StatusCode, String, String) {
@@ -138,7 +53,7 @@ async fn raw_request(addr: std::net::SocketAddr, head: &str) -> String {
 #[tokio::test]
 async fn status_pages_and_palisade_status_show_the_cluster_and_the_stale_rejection() {
     let dir = tempfile::tempdir().unwrap();
-    let s = stale_write_cluster(dir.path(), Vec::new()).await;
+    let s = crate::election_announce::stale_write_cluster(dir.path(), Vec::new()).await;
     let hostile = "/ledger/x\"onmouseover='alert(1)'&%3Cscript%3Ealert(1)%3C/script%3E";
     let status = raw_request(
         s.cluster.proxy.addr,
@@ -287,7 +202,7 @@ fn artifacts() -> PathBuf {
 
 /// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=FILE`) and
 /// returns its stdout; the child is killed if it overruns [`CHROMIUM_TIMEOUT`].
-fn chromium(url: &str, mode: &str, profile: &Path) -> String {
+async fn chromium(url: &str, mode: &str, profile: &Path) -> String {
     let bin = ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
         .find(|b| {
@@ -313,17 +228,14 @@ fn chromium(url: &str, mode: &str, profile: &Path) -> String {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + CHROMIUM_TIMEOUT;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("chromium did not finish {url} within {CHROMIUM_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let exited = wait::poll(CHROMIUM_TIMEOUT, || {
+        std::future::ready(child.try_wait().unwrap())
+    })
+    .await;
+    if exited.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("chromium did not finish {url} within {CHROMIUM_TIMEOUT:?}");
     }
     let mut out = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
@@ -340,12 +252,7 @@ fn chromium(url: &str, mode: &str, profile: &Path) -> String {
 #[ignore = "needs chromium: run by .ci/run with --ignored"]
 async fn status_pages_render_in_headless_chromium() {
     let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("proxy-audit.log");
-    let s = stale_write_cluster(
-        dir.path(),
-        vec!["--audit-log".into(), log.display().to_string()],
-    )
-    .await;
+    let (s, log) = crate::election_announce::audited_stale_write_cluster(dir.path()).await;
     let follower = s
         .cluster
         .nodes
@@ -362,7 +269,7 @@ async fn status_pages_render_in_headless_chromium() {
     for (name, url) in &pages {
         let profile = dir.path().join(format!("chromium-{name}"));
         // Chromium runs while this test's runtime waits: the cluster is other processes.
-        let dom = chromium(url, "--dump-dom", &profile);
+        let dom = chromium(url, "--dump-dom", &profile).await;
         if *name == "proxy" {
             assert!(dom.contains("Palisade proxy"), "{dom}");
             assert!(dom.contains("Recent rejections (1 since start"), "{dom}");
@@ -389,7 +296,7 @@ async fn status_pages_render_in_headless_chromium() {
         }
         let png = artifacts.join(format!("status-{name}.png"));
         let _ = std::fs::remove_file(&png);
-        chromium(url, &format!("--screenshot={}", png.display()), &profile);
+        chromium(url, &format!("--screenshot={}", png.display()), &profile).await;
         let bytes =
             std::fs::read(&png).unwrap_or_else(|e| panic!("no screenshot {}: {e}", png.display()));
         assert!(

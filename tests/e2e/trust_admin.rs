@@ -11,7 +11,8 @@ use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::admin::RESET_REASON_BYTES_MAX;
 use palisade_protocol::process::events;
 use palisade_tests::client::{Answer, send};
-use palisade_tests::process::{ProxyProcess, start_proxy};
+use palisade_tests::fixtures::proxy_with_upstream_args;
+use palisade_tests::process::ProxyProcess;
 use palisade_tests::trust::{Signer, TokenKeys, admin_token_file, log_events};
 use palisade_tests::upstream::RecordingUpstream;
 
@@ -32,16 +33,11 @@ struct Secured {
 async fn secured() -> Secured {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let keys_dir = dir.path().join("keys");
-    std::fs::create_dir_all(&keys_dir).unwrap();
-    let keys = TokenKeys::generate(&keys_dir);
+    let keys = TokenKeys::generate(&dir.path().join("keys"));
     let (token_file, bearer) = admin_token_file(dir.path());
-    let upstream = RecordingUpstream::start().await;
-    let proxy = start_proxy(
+    let (upstream, proxy) = proxy_with_upstream_args(
         &dir.path().join("proxy"),
         &[
-            "--upstream",
-            &upstream.url(),
             "--token-pub",
             keys.public_arg(),
             "--admin-token-file",
@@ -49,7 +45,8 @@ async fn secured() -> Secured {
             "--log-format",
             "json",
         ],
-    );
+    )
+    .await;
     Secured {
         proxy,
         bearer,

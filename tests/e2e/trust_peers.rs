@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use http::Method;
 use palisade_client::NodeApi;
+use palisade_cluster::Pki;
 use palisade_cluster::wait::{self, poll};
 use palisade_cluster::{ClusterOptions, ClusterSpec, LeaderView, NodeProcess, NodeSpec, free_port};
 use palisade_tests::client::send;
@@ -19,7 +20,7 @@ use palisade_tests::peer_wire::{
     MessageType, Outcome, heartbeat, hello, raft_frame, send_plain, send_tls,
 };
 use palisade_tests::process::start_cluster;
-use palisade_tests::trust::Certs;
+use palisade_tests::trust::generate_certs;
 
 /// Generous bound for a cluster to settle on a loaded 2-core machine.
 const SETTLE: Duration = Duration::from_secs(20);
@@ -230,8 +231,8 @@ async fn forged_peer_frames_leave_every_node_running_at_its_term() {
     .expect("timed out waiting for the probe's term at the node");
 }
 
-/// Three nodes with certificates `node-1..3`, their API clients (with the `client`
-/// certificate) and peer addresses.
+/// Three nodes with certificates `node-1..3`, their API clients (with the
+/// `writer-client` certificate) and peer addresses.
 struct Secure {
     nodes: Vec<NodeProcess>,
     apis: BTreeMap<u64, NodeApi>,
@@ -239,17 +240,17 @@ struct Secure {
 }
 
 impl Secure {
-    fn start(dir: &Path, certs: &Certs) -> Self {
+    fn start(dir: &Path, certs: &Pki) -> Self {
         let raft: BTreeMap<u64, SocketAddr> = (1..=3)
             .map(|id| (id, SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()))))
             .collect();
-        let tls = certs.client_tls(Some("client"));
+        let tls = certs.client_tls(Some("writer-client")).unwrap();
         let mut nodes = Vec::new();
         let mut apis = BTreeMap::new();
         for id in 1..=3u64 {
             let api = SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()));
             let mut extra = vec!["--tick-ms".to_owned(), TICK_MS.to_owned()];
-            extra.extend(certs.flags(&format!("node-{id}")));
+            extra.extend(certs.node_flags(&format!("node-{id}")));
             let spec = NodeSpec {
                 id,
                 peers: raft.clone(),
@@ -303,9 +304,10 @@ impl Secure {
 async fn peers_and_the_node_api_refuse_callers_without_the_right_certificate() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let certs_dir = dir.path().join("certs");
-    std::fs::create_dir_all(&certs_dir).unwrap();
-    let certs = Certs::generate(&certs_dir, &["node-1", "node-2", "node-3", "client"]);
+    let certs = generate_certs(
+        &dir.path().join("certs"),
+        &["node-1", "node-2", "node-3", "writer-client"],
+    );
     let mut secure = Secure::start(dir.path(), &certs);
     let leader = wait::poll(SETTLE, || secure.settled())
         .await
@@ -315,7 +317,7 @@ async fn peers_and_the_node_api_refuse_callers_without_the_right_certificate() {
 
     // The node API.
     let api1 = secure.nodes[0].spec.api;
-    let anonymous = NodeApi::with_tls(&format!("https://{api1}"), &certs.client_tls(None))
+    let anonymous = NodeApi::with_tls(&format!("https://{api1}"), &certs.client_tls(None).unwrap())
         .unwrap()
         .timeout(Duration::from_secs(2));
     let refused = anonymous.leader().await;
@@ -332,7 +334,7 @@ async fn peers_and_the_node_api_refuse_callers_without_the_right_certificate() {
 
     let node2 = Some((certs.cert("node-2"), certs.key("node-2")));
     let node2 = node2.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
-    let client = Some((certs.cert("client"), certs.key("client")));
+    let client = Some((certs.cert("writer-client"), certs.key("writer-client")));
     let client = client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
     let raft = secure.raft.clone();
     let attempts: Vec<(&str, u64, Option<Identity>, Vec<u8>)> = vec![

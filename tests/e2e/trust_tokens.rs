@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderName, Method, StatusCode};
-use palisade_cluster::wait;
 use palisade_cluster::{ClusterOptions, ClusterSpec};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_PROOF, PROBLEM_JSON};
 use palisade_protocol::process::events;
 use palisade_protocol::proof::PROOF_CHARS_MAX;
 use palisade_tests::client::{Answer, send};
-use palisade_tests::process::{start_cluster, start_proxy};
+use palisade_tests::fixtures::proxy_with_upstream_args;
+use palisade_tests::fixtures::{fence_at_proxy, resign};
+use palisade_tests::process::start_cluster;
 use palisade_tests::trust::{Signer, TokenKeys, encode_proof, log_events};
-use palisade_tests::upstream::RecordingUpstream;
 
 /// `Fencing-Token`, in a static so that the raw requests below can borrow its name.
 static TOKEN: HeaderName = FENCING_TOKEN;
@@ -77,16 +77,11 @@ fn assert_unproven(answer: &Answer, case: &str, kinds: &[&str]) {
 async fn forged_tokens_are_refused_with_401_and_move_nothing() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let keys_dir = dir.path().join("keys");
-    std::fs::create_dir_all(&keys_dir).unwrap();
-    let keys = TokenKeys::generate(&keys_dir);
+    let keys = TokenKeys::generate(&dir.path().join("keys"));
     let signer = keys.signer();
-    let upstream = RecordingUpstream::start().await;
-    let proxy = start_proxy(
+    let (upstream, proxy) = proxy_with_upstream_args(
         &dir.path().join("proxy"),
         &[
-            "--upstream",
-            &upstream.url(),
             "--token-pub",
             keys.public_arg(),
             "--log-format",
@@ -94,7 +89,8 @@ async fn forged_tokens_are_refused_with_401_and_move_nothing() {
             // So that a proof under another scope header reaches the proof check.
             "--client-scopes",
         ],
-    );
+    )
+    .await;
     let url = proxy.url("/k");
     let ok = put_proven(&url, 5, &signer.prove(DEFAULT_SCOPE, 5)).await;
     assert_eq!(ok.status, StatusCode::OK, "the proven token 5: {ok:?}");
@@ -187,9 +183,7 @@ async fn forged_tokens_are_refused_with_401_and_move_nothing() {
 async fn the_leaders_proof_is_admitted_and_survives_an_election_only_for_the_new_leader() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let keys_dir = dir.path().join("keys");
-    std::fs::create_dir_all(&keys_dir).unwrap();
-    let keys = TokenKeys::generate(&keys_dir);
+    let keys = TokenKeys::generate(&dir.path().join("keys"));
     let signer = keys.signer();
     let spec = ClusterSpec {
         nodes: 3,
@@ -221,14 +215,10 @@ async fn the_leaders_proof_is_admitted_and_survives_an_election_only_for_the_new
             "node {id}: a proof exactly when a token"
         );
     }
-    wait::poll(ELECTION_TIMEOUT, || async {
-        cluster
-            .proxy_fence(DEFAULT_SCOPE)
-            .await
-            .filter(|&f| f == old)
+    fence_at_proxy(&cluster, ELECTION_TIMEOUT, "the announced token", |f| {
+        f == old
     })
-    .await
-    .expect("timed out waiting for the announced token at the proxy");
+    .await;
     let url = cluster.proxy.url("/ledger/1");
     let ok = put_proven(&url, old, &old_proof).await;
     assert_eq!(
@@ -237,27 +227,14 @@ async fn the_leaders_proof_is_admitted_and_survives_an_election_only_for_the_new
         "the leader's proven write: {ok:?}"
     );
 
-    cluster
-        .node(first.node_id)
-        .unwrap()
-        .api()
-        .resign()
-        .await
-        .unwrap();
+    resign(&cluster, first.node_id).await;
     let next = cluster
         .wait_for_leader(old, None, ELECTION_TIMEOUT)
         .await
         .expect("a new leader after the resignation");
     let new = next.token.unwrap();
     let new_proof = next.proof.clone().expect("the new leader's proof");
-    wait::poll(ELECTION_TIMEOUT, || async {
-        cluster
-            .proxy_fence(DEFAULT_SCOPE)
-            .await
-            .filter(|&f| f == new)
-    })
-    .await
-    .expect("timed out waiting for the new token at the proxy");
+    fence_at_proxy(&cluster, ELECTION_TIMEOUT, "the new token", |f| f == new).await;
 
     let url = cluster.proxy.url("/ledger/2");
     let ok = put_proven(&url, new, &new_proof).await;

@@ -6,8 +6,7 @@
 
 use std::time::Duration;
 
-use palisade_cluster::wait;
-use palisade_cluster::{Launch, ProxyProcess, spawn_launch};
+use palisade_cluster::{Launch, ProxyProcess, spawn_launch, wait};
 use palisade_protocol::headers;
 use palisade_protocol::process::{FAILPOINT_STOP_ENV, FailpointStop};
 use palisade_tests::client::{put, try_send_within};

@@ -10,7 +10,7 @@ use palisade_cluster::history::Outcome;
 use palisade_cluster::wait;
 use palisade_protocol::FaultSpec;
 use palisade_tests::netns::NetnsNet;
-use palisade_tests::scenario::{ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec};
+use palisade_tests::scenario::{ELECTION_TIMEOUT, Scenario, ScenarioSpec};
 
 /// How the old leader is cut off.
 #[derive(Clone, Copy, Debug)]
@@ -35,14 +35,8 @@ const SLOW_LINK_MS: u64 = 600;
 /// follows the new term, and the current leader's worker writes again.
 async fn old_leader_is_fenced_out(s: &mut Scenario, cut: Cut) {
     let leader = s.wait_announced_leader(0, None).await;
-    let old = leader.node_id;
-    let token = leader.token.unwrap();
-    s.pump_until("two acknowledged writes", STEP_TIMEOUT, |s| {
-        (s.acked_with(token) >= 2).then_some(())
-    })
-    .await;
-    s.hold(old);
-    let job = s.wait_stopped(old).await;
+    let (old, token) = (leader.node_id, leader.token.unwrap());
+    let job = s.freeze_leaders_writer(&leader, 2).await;
     let others: Vec<u64> = s.cluster.ids().into_iter().filter(|&i| i != old).collect();
     match cut {
         Cut::Drop => s.cluster.partition(&[old]).await.unwrap(),
@@ -116,17 +110,7 @@ async fn old_leader_is_fenced_out(s: &mut Scenario, cut: Cut) {
     .await
     .expect("timed out waiting for the old leader to follow the new term");
     let last = s.wait_announced_leader(token, None).await.token.unwrap();
-    s.pump_until("writes with the current token", STEP_TIMEOUT, |s| {
-        (s.acked_with(last) >= 1).then_some(())
-    })
-    .await;
-}
-
-fn spec() -> ScenarioSpec {
-    ScenarioSpec {
-        stop_workers: true,
-        ..ScenarioSpec::default()
-    }
+    s.wait_acked(last, 1).await;
 }
 
 /// Goal: a leader partitioned from the majority but still reaching the proxy is fenced
@@ -136,7 +120,7 @@ fn spec() -> ScenarioSpec {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minority_leader_is_fenced_out_once_the_majority_announces() {
     crate::use_tested_binary();
-    let mut s = Scenario::start(&spec()).await;
+    let mut s = Scenario::start(&ScenarioSpec::stopping_workers()).await;
     old_leader_is_fenced_out(&mut s, Cut::Drop).await;
     let report = s.finish("partition (test faults)");
     assert!(report.count(Outcome::Rejected) >= 1);
@@ -148,7 +132,7 @@ async fn minority_leader_is_fenced_out_once_the_majority_announces() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_behind_slow_links_is_replaced_and_fenced_out() {
     crate::use_tested_binary();
-    let mut s = Scenario::start(&spec()).await;
+    let mut s = Scenario::start(&ScenarioSpec::stopping_workers()).await;
     old_leader_is_fenced_out(&mut s, Cut::Delay).await;
     let report = s.finish("slow links (test faults)");
     assert!(report.count(Outcome::Rejected) >= 1);
@@ -167,7 +151,7 @@ async fn minority_leader_in_a_network_namespace_is_fenced_out() {
             "cannot set up network namespaces: {why} (this test needs root, `ip netns` and `nft`)"
         )
     });
-    let mut s = Scenario::start_on(&spec(), Some(net)).await;
+    let mut s = Scenario::start_on(&ScenarioSpec::stopping_workers(), Some(net)).await;
     old_leader_is_fenced_out(&mut s, Cut::Nft).await;
     let report = s.finish("partition (netns + nft)");
     assert!(report.count(Outcome::Rejected) >= 1);

@@ -9,18 +9,11 @@
 //! `PALISADE_FAULT_CYCLES=N` runs the headline N times (default 3).
 
 use palisade_cluster::history::Outcome;
-use palisade_tests::scenario::{STEP_TIMEOUT, Scenario, ScenarioSpec};
+use palisade_tests::scenario::{Scenario, ScenarioSpec};
 
 /// Cycles of the headline by default: enough to see leadership move around, small
 /// enough for CI.
 const CYCLES_DEFAULT: u64 = 3;
-
-fn stopping_workers() -> ScenarioSpec {
-    ScenarioSpec {
-        stop_workers: true,
-        ..ScenarioSpec::default()
-    }
-}
 
 /// Goal: the write of a leader paused between reading its token and sending is rejected
 /// (409) once a new leader is elected and announced, in every cycle, and the storage
@@ -35,22 +28,12 @@ async fn stale_write_of_a_leader_paused_before_send_is_rejected_every_cycle() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(CYCLES_DEFAULT);
-    let mut s = Scenario::start(&stopping_workers()).await;
+    let mut s = Scenario::start(&ScenarioSpec::stopping_workers()).await;
     let mut leader = s.wait_announced_leader(0, None).await;
     for cycle in 1..=cycles {
-        let old = leader.node_id;
-        let token = leader.token.unwrap();
-        s.pump_until(
-            &format!("two acknowledged writes with token {token}"),
-            STEP_TIMEOUT,
-            |s| (s.acked_with(token) >= 2).then_some(()),
-        )
-        .await;
-
+        let (old, token) = (leader.node_id, leader.token.unwrap());
         // Freeze the leader's client between reading its token and sending.
-        s.hold(old);
-        let job = s.wait_stopped(old).await;
-        assert_eq!(job.token, token, "the frozen job holds the leader's token");
+        let job = s.freeze_leaders_writer(&leader, 2).await;
         let node = s.cluster.node(old).unwrap();
         node.guard.pause().unwrap();
         s.say(&format!(
@@ -65,9 +48,7 @@ async fn stale_write_of_a_leader_paused_before_send_is_rejected_every_cycle() {
             next.node_id
         ));
 
-        s.cluster.node(old).unwrap().guard.resume().unwrap();
-        s.release(old).await;
-        let outcome = s.wait_outcome(old, job.seq).await;
+        let outcome = s.resume_and_release(old, job.seq).await;
         assert_eq!(
             outcome,
             Outcome::Rejected,
@@ -76,12 +57,7 @@ async fn stale_write_of_a_leader_paused_before_send_is_rejected_every_cycle() {
         leader = next;
     }
     let last = leader.token.unwrap();
-    s.pump_until(
-        &format!("two acknowledged writes with the last token {last}"),
-        STEP_TIMEOUT,
-        |s| (s.acked_with(last) >= 2).then_some(()),
-    )
-    .await;
+    s.wait_acked(last, 2).await;
     let report = s.finish("headline");
     assert!(report.count(Outcome::Rejected) >= usize::try_from(cycles).unwrap());
     eprintln!(
@@ -100,14 +76,11 @@ async fn stale_write_of_a_leader_paused_before_send_is_rejected_every_cycle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_leaders_write_is_rejected_by_the_announced_fence_alone() {
     crate::use_tested_binary();
-    let mut s = Scenario::start(&stopping_workers()).await;
+    let mut s = Scenario::start(&ScenarioSpec::stopping_workers()).await;
     let leader = s.wait_announced_leader(0, None).await;
     let old = leader.node_id;
     let token = leader.token.unwrap();
-    s.pump_until("an acknowledged write", STEP_TIMEOUT, |s| {
-        (s.acked_with(token) >= 1).then_some(())
-    })
-    .await;
+    s.wait_acked(token, 1).await;
     for id in s.cluster.ids() {
         s.hold(id);
     }
@@ -138,12 +111,7 @@ async fn paused_leaders_write_is_rejected_by_the_announced_fence_alone() {
     for id in s.cluster.ids() {
         s.release(id).await;
     }
-    s.pump_until(
-        &format!("the new leader's worker to write with token {new_token}"),
-        STEP_TIMEOUT,
-        |s| (s.acked_with(new_token) >= 1).then_some(()),
-    )
-    .await;
+    s.wait_acked(new_token, 1).await;
     let report = s.finish("fence on election");
     assert_eq!(report.count(Outcome::Rejected), 1);
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use palisade_cluster::history::Outcome;
 use palisade_protocol::FaultSpec;
-use palisade_tests::scenario::{STEP_TIMEOUT, Scenario, ScenarioSpec, fault_seed};
+use palisade_tests::scenario::{Scenario, ScenarioSpec, fault_seed};
 use palisade_tests::terms::{Monitor, term_violations};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
@@ -192,12 +192,7 @@ pub(crate) async fn run_mix(name: &str, spec: ScenarioSpec) {
     s.cluster.heal().await.unwrap();
     let leader = s.wait_announced_leader(first.term, None).await;
     let token = leader.token.unwrap();
-    s.pump_until(
-        &format!("a write with the current token {token}"),
-        STEP_TIMEOUT,
-        |s| (s.acked_with(token) >= 1).then_some(()),
-    )
-    .await;
+    s.wait_acked(token, 1).await;
 
     let (answers, mut violations) = monitor.violations();
     let (established, logged) = term_violations(&s.cluster);

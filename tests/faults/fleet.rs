@@ -23,8 +23,7 @@
 use std::time::{Duration, Instant};
 
 use palisade_cluster::history::Outcome;
-use palisade_cluster::wait;
-use palisade_cluster::{Fleet, LeaderView, Role};
+use palisade_cluster::{Fleet, LeaderView, Role, wait};
 use palisade_protocol::DEFAULT_SCOPE;
 use palisade_protocol::process::{EVENT_FIELD, events};
 use palisade_tests::netns::NetnsNet;
@@ -213,18 +212,8 @@ async fn paused_proxy_rejects_the_old_leaders_write_after_resuming() {
     crate::use_tested_binary();
     let mut s = Scenario::start(&fleet_spec(true)).await;
     let leader = s.wait_announced_leader(0, None).await;
-    let old = leader.node_id;
-    let token = leader.token.unwrap();
-    s.pump_until(
-        &format!("two acknowledged writes with token {token}"),
-        STEP_TIMEOUT,
-        |s| (s.acked_with(token) >= 2).then_some(()),
-    )
-    .await;
-
-    s.hold(old);
-    let job = s.wait_stopped(old).await;
-    assert_eq!(job.token, token);
+    let (old, token) = (leader.node_id, leader.token.unwrap());
+    let job = s.freeze_leaders_writer(&leader, 2).await;
     let paused = s.worker_proxy(old);
     s.cluster.node(old).unwrap().guard.pause().unwrap();
     s.cluster.proxy_at(paused).unwrap().guard.pause().unwrap();
@@ -240,12 +229,7 @@ async fn paused_proxy_rejects_the_old_leaders_write_after_resuming() {
         paused,
         "the new leader writes through another proxy"
     );
-    s.pump_until(
-        &format!("a write with token {new_token} through the new leader's proxy"),
-        STEP_TIMEOUT,
-        |s| (s.acked_with(new_token) >= 1).then_some(()),
-    )
-    .await;
+    s.wait_acked(new_token, 1).await;
     s.say(&format!(
         "node {} leads with token {new_token} and wrote through proxy {}",
         next.node_id,
@@ -253,9 +237,7 @@ async fn paused_proxy_rejects_the_old_leaders_write_after_resuming() {
     ));
 
     s.cluster.proxy_at(paused).unwrap().guard.resume().unwrap();
-    s.cluster.node(old).unwrap().guard.resume().unwrap();
-    s.release(old).await;
-    let outcome = s.wait_outcome(old, job.seq).await;
+    let outcome = s.resume_and_release(old, job.seq).await;
     assert_eq!(
         outcome,
         Outcome::Rejected,
@@ -403,17 +385,8 @@ async fn proxy_in_a_network_namespace_cut_off_by_nft_refuses_within_one_lease_an
 
 async fn cut_off_proxy_refuses_the_stale_leader(mut s: Scenario, link: &Link, name: &str) {
     let leader = s.wait_announced_leader(0, None).await;
-    let old = leader.node_id;
-    let token = leader.token.unwrap();
-    s.pump_until(
-        &format!("an acknowledged write with token {token}"),
-        STEP_TIMEOUT,
-        |s| (s.acked_with(token) >= 1).then_some(()),
-    )
-    .await;
-    s.hold(old);
-    let job = s.wait_stopped(old).await;
-    assert_eq!(job.token, token);
+    let (old, token) = (leader.node_id, leader.token.unwrap());
+    let job = s.freeze_leaders_writer(&leader, 1).await;
 
     let cut = s.worker_proxy(old);
     link.cut(&s, cut);
@@ -485,12 +458,7 @@ async fn proxy_killed_during_an_election_delays_the_new_token_by_at_most_the_rel
     let leader = s.wait_announced_leader(0, None).await;
     let old = leader.node_id;
     let token = leader.token.unwrap();
-    s.pump_until(
-        &format!("an acknowledged write with token {token}"),
-        STEP_TIMEOUT,
-        |s| (s.acked_with(token) >= 1).then_some(()),
-    )
-    .await;
+    s.wait_acked(token, 1).await;
     let dead = s.worker_proxy(old);
     s.workers[&old].guard.pause().unwrap();
     s.cluster.node(old).unwrap().guard.pause().unwrap();
@@ -522,12 +490,7 @@ async fn proxy_killed_during_an_election_delays_the_new_token_by_at_most_the_rel
         "with a dead proxy, the release came by the lease wait"
     );
     s.wait_announced_leader(token, Some(old)).await;
-    s.pump_until(
-        &format!("a write with token {new_token}"),
-        STEP_TIMEOUT,
-        |s| (s.acked_with(new_token) >= 1).then_some(()),
-    )
-    .await;
+    s.wait_acked(new_token, 1).await;
     s.cluster.node(old).unwrap().guard.resume().unwrap();
     s.workers[&old].guard.resume().unwrap();
     let report = s.finish("fleet: killed proxy");

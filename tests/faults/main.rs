@@ -21,6 +21,9 @@
 //!   cluster, a proxy killed during an election, the cluster unreachable, a random mix.
 //! - `membership`: membership changes while workers write: grow 3 -> 5 -> 3, replace a
 //!   wiped node, add a member after compaction (a snapshot), refuse a reused id.
+//! - `membership_safety`: changes that cannot brick the cluster: unreachable new members
+//!   stay learners and the token stays, removals below three voters need force, and a
+//!   survivor of a lost quorum comes back with `--force-new-cluster`.
 // Tests may unwrap: a failed step panics with its cause, which is what a test should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -33,6 +36,7 @@ mod fault_proxy_crash;
 mod fault_random_mix;
 mod fleet;
 mod membership;
+mod membership_safety;
 
 /// The `palisade` binary Cargo built for these tests, failpoints included.
 const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");

@@ -1,14 +1,14 @@
 //! Membership changes on real `palisade node` processes while workers write through the
-//! proxy, every history checked: growing 3 -> 5 -> 3, replacing a node whose data
-//! directory was wiped, adding a member after the log was compacted (it catches up from a
-//! snapshot), refusing a reused id, and changing the `--announce` proxy list.
+//! proxy, every history checked: growing 3 -> 5 -> 3 (each new member a learner first,
+//! promoted once caught up), replacing a node whose data directory was wiped, adding a
+//! member after the log was compacted (it catches up from a snapshot), refusing a reused
+//! id, and changing the `--announce` proxy list.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use palisade_client::{MemberList, NodeApi};
-use palisade_cluster::ProxyProcess;
-use palisade_cluster::{NodeProcess, NodeSpec, free_port};
+use palisade_client::{MemberList, MemberRole, NodeApi};
+use palisade_cluster::{NodeProcess, NodeSpec, ProxyProcess, free_port};
 use palisade_protocol::AnnounceList;
 use palisade_protocol::node::ANNOUNCE_PATH;
 use palisade_protocol::process::{TEST_LOG_RETAINED_ENV, events};
@@ -16,17 +16,24 @@ use palisade_tests::scenario::{Scenario, ScenarioSpec};
 
 /// Longest a membership change, a join or an exit may take here: a few elections on a
 /// loaded machine.
-const STEP: Duration = Duration::from_secs(30);
-/// Period of the polls below.
-const POLL: Duration = Duration::from_millis(50);
+pub(crate) const STEP: Duration = Duration::from_secs(30);
 
 /// Some node's API client, by id.
-fn api(s: &Scenario, id: u64) -> &NodeApi {
+pub(crate) fn api(s: &Scenario, id: u64) -> &NodeApi {
     s.cluster.node(id).unwrap().api()
 }
 
+/// The default scenario (three nodes, a proxy, workers) on the tested binary, once its
+/// leader is announced: the scenario, the leader, one follower and the term.
+pub(crate) async fn start_three() -> (Scenario, u64, u64, u64) {
+    crate::use_tested_binary();
+    let mut s = Scenario::start(&ScenarioSpec::default()).await;
+    let (leader, follower, term) = leader_and_follower(&mut s, 0).await;
+    (s, leader, follower, term)
+}
+
 /// The id of an established leader and of one follower.
-async fn leader_and_follower(s: &mut Scenario, above: u64) -> (u64, u64, u64) {
+pub(crate) async fn leader_and_follower(s: &mut Scenario, above: u64) -> (u64, u64, u64) {
     let leader = s.wait_announced_leader(above, None).await;
     let follower = s
         .cluster
@@ -37,47 +44,53 @@ async fn leader_and_follower(s: &mut Scenario, above: u64) -> (u64, u64, u64) {
     (leader.node_id, follower, leader.term)
 }
 
-/// Waits until every running node lists `id` as a voter (`present`) or as removed, with
-/// no change under way; pumps the workers meanwhile.
-async fn wait_members_everywhere(s: &mut Scenario, id: u64, present: bool) {
-    let deadline = Instant::now() + STEP;
-    loop {
-        s.pump();
-        let mut all = true;
-        for node in &s.cluster.nodes {
-            let ok = match node.api().members().await {
-                Ok(list) => {
-                    !list.joint
-                        && if present {
-                            list.members.iter().any(|m| m.id == id && m.voter)
-                        } else {
-                            list.removed.contains(&id)
-                        }
-                }
-                Err(_) => false,
-            };
-            all &= ok;
-        }
-        if all {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not every node shows member {id} {} within {STEP:?}",
-            if present { "as a voter" } else { "removed" }
-        );
-        tokio::time::sleep(POLL).await;
-    }
+/// What a node's member list shows for an id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shown {
+    /// A member with this role.
+    Member(MemberRole),
+    /// Removed.
+    Removed,
 }
 
-/// Adds member `id` through the node `via`, then starts it with `--join` (the URL of
-/// `via`), an empty data directory and `--peers` naming only itself, with the flags and
-/// environment of the first node plus `env`.
-async fn add_and_join(s: &mut Scenario, via: u64, id: u64, env: &[(&str, &str)]) {
+/// Waits until every running node shows `id` as `want`, with no change under way; pumps
+/// the workers meanwhile.
+pub(crate) async fn wait_members_everywhere(s: &mut Scenario, id: u64, want: Shown) {
+    s.pump_until(
+        &format!("every node to show member {id} as {want:?}"),
+        STEP,
+        async |s| {
+            for node in &s.cluster.nodes {
+                let list = node.api().members().await.ok()?;
+                let shown = match want {
+                    Shown::Member(role) => list
+                        .members
+                        .iter()
+                        .any(|m| m.id == id && m.role == Some(role)),
+                    Shown::Removed => list.removed.contains(&id),
+                };
+                (shown && !list.joint).then_some(())?;
+            }
+            Some(())
+        },
+    )
+    .await;
+}
+
+/// Adds member `id` through the node `via` (a learner), then starts it with `--join` (the
+/// URL of `via`), an empty data directory and `--peers` naming only itself, with the
+/// flags and environment of the first node plus `env`; waits until every node shows it
+/// promoted to voter.
+pub(crate) async fn add_and_join(s: &mut Scenario, via: u64, id: u64, env: &[(&str, &str)]) {
     let peer = SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()));
     let api_addr = SocketAddr::from(([127, 0, 0, 1], free_port().unwrap()));
     let list = api(s, via).add_member(id, &peer.to_string()).await.unwrap();
-    assert!(list.members.iter().any(|m| m.id == id), "{list:?}");
+    assert!(
+        list.members
+            .iter()
+            .any(|m| m.id == id && m.role == Some(MemberRole::Learner)),
+        "{list:?}"
+    );
     let first = &s.cluster.nodes[0].spec;
     let mut extra = first.extra.clone();
     extra.extend([
@@ -101,13 +114,17 @@ async fn add_and_join(s: &mut Scenario, via: u64, id: u64, env: &[(&str, &str)])
     s.say(&format!(
         "node {id} added through node {via} and started with --join"
     ));
-    wait_members_everywhere(s, id, true).await;
+    wait_members_everywhere(s, id, Shown::Member(MemberRole::Voter)).await;
 }
 
-/// Removes member `id` through node `via`, waits until every other node applied it,
-/// then stops the removed node's process.
-async fn remove(s: &mut Scenario, via: u64, id: u64) -> MemberList {
-    let list = api(s, via).remove_member(id).await.unwrap();
+/// Removes member `id` through node `via` (`force`: even below three voters), waits until
+/// every other node applied it, then stops the removed node's process.
+async fn remove(s: &mut Scenario, via: u64, id: u64, force: bool) -> MemberList {
+    let list = if force {
+        api(s, via).remove_member_forced(id).await.unwrap()
+    } else {
+        api(s, via).remove_member(id).await.unwrap()
+    };
     assert!(list.removed.contains(&id), "{list:?}");
     if let Some(mut node) = s
         .cluster
@@ -118,13 +135,23 @@ async fn remove(s: &mut Scenario, via: u64, id: u64) -> MemberList {
     {
         node.kill9();
     }
-    wait_members_everywhere(s, id, false).await;
+    wait_members_everywhere(s, id, Shown::Removed).await;
     s.say(&format!("node {id} removed through node {via}"));
     list
 }
 
+/// Ends a scenario: lets the workers write a little more, waits for an announced
+/// leader, checks that no node panicked, then checks the history (the workers wrote).
+pub(crate) async fn settle_and_finish(mut s: Scenario, name: &str) {
+    s.run_for(Duration::from_millis(500)).await;
+    s.wait_announced_leader(0, None).await;
+    assert_no_panic(&s);
+    let report = s.finish(name);
+    assert!(report.ops() > 0, "the workers wrote");
+}
+
 /// No node log of the scenario shows a panic.
-fn assert_no_panic(s: &Scenario) {
+pub(crate) fn assert_no_panic(s: &Scenario) {
     for node in &s.cluster.nodes {
         for log in node.logs() {
             assert!(
@@ -137,15 +164,13 @@ fn assert_no_panic(s: &Scenario) {
 }
 
 /// Goal: the cluster grows from 3 to 5 voters and back to 3 while a worker writes, each
-/// change through raft's joint consensus, and a new member can lead. Method: add 4
+/// new member a learner until it caught up, and a new member can lead. Method: add 4
 /// through a follower and 5 through the leader (each started with `--join`), wait until
-/// every node lists them as voters; hand leadership to 5; remove 4, hand leadership back
+/// every node lists them as voters (promoted); hand leadership to 5; remove 4, hand leadership back
 /// to 1, remove 5; the workers write throughout; check the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grow_three_to_five_and_back_while_writing() {
-    crate::use_tested_binary();
-    let mut s = Scenario::start(&ScenarioSpec::default()).await;
-    let (leader, follower, term) = leader_and_follower(&mut s, 0).await;
+    let (mut s, leader, follower, term) = start_three().await;
     add_and_join(&mut s, follower, 4, &[]).await;
     add_and_join(&mut s, leader, 5, &[]).await;
     s.run_for(Duration::from_millis(500)).await;
@@ -153,32 +178,27 @@ async fn grow_three_to_five_and_back_while_writing() {
     assert_eq!(moved.to, 5);
     let five = s.wait_announced_leader(term, None).await;
     assert_eq!(five.node_id, 5, "node 5 leads after the transfer");
-    remove(&mut s, 1, 4).await;
+    remove(&mut s, 1, 4, false).await;
     api(&s, 5).transfer(1).await.unwrap();
     let one = s.wait_announced_leader(five.term, None).await;
-    let list = remove(&mut s, one.node_id, 5).await;
+    let list = remove(&mut s, one.node_id, 5, false).await;
     assert_eq!(
         list.members.iter().map(|m| m.id).collect::<Vec<_>>(),
         vec![1, 2, 3]
     );
-    s.run_for(Duration::from_millis(500)).await;
-    s.wait_announced_leader(0, None).await;
-    assert_no_panic(&s);
-    let report = s.finish("grow 3 -> 5 -> 3");
-    assert!(report.ops() > 0, "the workers wrote");
+    settle_and_finish(s, "grow 3 -> 5 -> 3").await;
 }
 
 /// Goal: a node restarted under its old id with a wiped data directory refuses to go on
 /// (exit 1, a message that says what to do, no panic anywhere) while the others keep
-/// their leader; it is then replaced: removed, and the machine added under a new id with
-/// `--join`. Method: wipe a follower's data directory and restart it; wait for its exit;
-/// check its log, the others' leader and every log; remove its id through the other
-/// follower; add id 4 and start it with `--join`; check the history.
+/// their leader; it is then replaced: removed (with force: two voters are left for a
+/// moment), and the machine added under a new id with `--join`. Method: wipe a follower's
+/// data directory and restart it; wait for its exit; check its log, the others' leader and
+/// every log; remove its id through the other follower; add id 4 and start it with
+/// `--join`; check the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_node_is_refused_then_replaced_under_a_new_id() {
-    crate::use_tested_binary();
-    let mut s = Scenario::start(&ScenarioSpec::default()).await;
-    let (leader, victim, term) = leader_and_follower(&mut s, 0).await;
+    let (mut s, leader, victim, term) = start_three().await;
     s.run_for(Duration::from_millis(300)).await;
     let node = s.cluster.node_mut(victim).unwrap();
     node.kill9();
@@ -210,13 +230,9 @@ async fn wiped_node_is_refused_then_replaced_under_a_new_id() {
         .into_iter()
         .find(|&id| id != leader && id != victim)
         .unwrap();
-    remove(&mut s, other, victim).await;
+    remove(&mut s, other, victim, true).await;
     add_and_join(&mut s, leader, 4, &[]).await;
-    s.run_for(Duration::from_millis(500)).await;
-    s.wait_announced_leader(0, None).await;
-    assert_no_panic(&s);
-    let report = s.finish("replace a wiped node");
-    assert!(report.ops() > 0, "the workers wrote");
+    settle_and_finish(s, "replace a wiped node").await;
 }
 
 /// Goal: a member added after the log was compacted catches up from a snapshot (which
@@ -226,9 +242,7 @@ async fn wiped_node_is_refused_then_replaced_under_a_new_id() {
 /// its log for `snapshot-applied`, its metric, and that it votes; check the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_added_after_compaction_catches_up_from_a_snapshot() {
-    crate::use_tested_binary();
-    let mut s = Scenario::start(&ScenarioSpec::default()).await;
-    let (_, _, mut term) = leader_and_follower(&mut s, 0).await;
+    let (mut s, _, _, mut term) = start_three().await;
     for id in s.cluster.ids() {
         let node = s.cluster.node_mut(id).unwrap();
         node.spec
@@ -284,17 +298,16 @@ async fn member_added_after_compaction_catches_up_from_a_snapshot() {
 
 /// Goal: a removed id is never accepted again: 409 with a detail that says so, through
 /// the API and through `palisade member add`, and `member list --json` shows it removed.
-/// Method: add id 4 (never started) and remove it; add 4 again through the API and the
-/// command line; list the members; check the history.
+/// Method: add id 4 (never started: it stays a learner) and remove it; add 4 again
+/// through the API and the command line; list the members; check the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reused_id_is_refused() {
-    let bin = crate::use_tested_binary();
-    let mut s = Scenario::start(&ScenarioSpec::default()).await;
-    let (leader, follower, _) = leader_and_follower(&mut s, 0).await;
+    let (mut s, leader, follower, _) = start_three().await;
+    let bin = crate::PALISADE;
     let peer = format!("127.0.0.1:{}", free_port().unwrap());
     api(&s, leader).add_member(4, &peer).await.unwrap();
-    wait_members_everywhere(&mut s, 4, true).await;
-    remove(&mut s, follower, 4).await;
+    wait_members_everywhere(&mut s, 4, Shown::Member(MemberRole::Learner)).await;
+    remove(&mut s, follower, 4, false).await;
 
     let err = api(&s, follower).add_member(4, &peer).await.unwrap_err();
     let problem = err.problem().expect("a problem+json answer");
@@ -340,9 +353,7 @@ async fn reused_id_is_refused() {
 /// check the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn announce_list_changes_on_a_running_cluster() {
-    crate::use_tested_binary();
-    let mut s = Scenario::start(&ScenarioSpec::default()).await;
-    let (leader, follower, _) = leader_and_follower(&mut s, 0).await;
+    let (mut s, leader, follower, _) = start_three().await;
     let upstream = s.upstream.url();
     let second =
         ProxyProcess::start(&s.cluster.dir.join("proxy-2"), &["--upstream", &upstream]).unwrap();
@@ -365,10 +376,7 @@ async fn announce_list_changes_on_a_running_cluster() {
     .await
     .unwrap();
     assert_eq!(answer.status.as_u16(), 200, "{}", answer.text());
-    let deadline = Instant::now() + STEP;
-    loop {
-        s.pump();
-        let mut all = true;
+    s.pump_until("the new announce list to take effect", STEP, async |s| {
         for node in &s.cluster.nodes {
             let list = palisade_cluster::client::try_send(
                 palisade_client::Method::GET,
@@ -378,24 +386,12 @@ async fn announce_list_changes_on_a_running_cluster() {
             )
             .await
             .map(|a| serde_json::from_slice::<AnnounceList>(a.text().as_bytes()).ok());
-            all &= matches!(list, Ok(Some(l)) if l.proxies == proxies);
+            matches!(list, Ok(Some(l)) if l.proxies == proxies).then_some(())?;
         }
-        let token = s
-            .cluster
-            .node(leader)
-            .unwrap()
-            .leadership()
-            .await
-            .and_then(|l| l.token);
-        if all && token.is_some() && second.fence("default").await == token {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new announce list did not take effect"
-        );
-        tokio::time::sleep(POLL).await;
-    }
+        let token = s.cluster.node(leader)?.leadership().await?.token?;
+        (second.fence("default").await == Some(token)).then_some(())
+    })
+    .await;
     s.say("every node follows the new announce list; the second proxy holds the token");
     let before = s
         .cluster
@@ -407,16 +403,12 @@ async fn announce_list_changes_on_a_running_cluster() {
         .term;
     api(&s, leader).transfer(follower).await.unwrap();
     let next = s.wait_announced_leader(before, None).await;
-    let deadline = Instant::now() + STEP;
-    while second.fence("default").await != next.token {
-        assert!(
-            Instant::now() < deadline,
-            "the second proxy never got term {}",
-            next.term
-        );
-        s.pump();
-        tokio::time::sleep(POLL).await;
-    }
+    s.pump_until(
+        &format!("the second proxy to get term {}", next.term),
+        STEP,
+        async |_| (second.fence("default").await == next.token).then_some(()),
+    )
+    .await;
     s.run_for(Duration::from_millis(300)).await;
     assert_no_panic(&s);
     drop(second);

@@ -1,12 +1,15 @@
-//! Set-ups several proxy tests share: a proxy in front of a recording upstream (or with a
+//! Set-ups several tests share: a proxy in front of a recording upstream (or with a
 //! config file), a proxy serving TLS with a certificate of a CA issued here, a write held
-//! in flight at that upstream, and a typed client of the proxy's admin API.
+//! in flight at that upstream, and a typed client of the proxy's admin API; and, on a
+//! cluster, its first announced leader, its fence at the proxy, a settled leader and a
+//! resignation.
 
 use std::path::Path;
 use std::time::Duration;
 
 use palisade_client::ProxyAdmin;
-use palisade_cluster::{Pki, wait};
+use palisade_cluster::{Cluster, LeaderView, Pki, wait};
+use palisade_protocol::DEFAULT_SCOPE;
 use tokio::task::JoinHandle;
 
 use crate::client::{Answer, put};
@@ -22,9 +25,21 @@ pub async fn proxy_with_upstream(
     dir: &Path,
     config_toml: &str,
 ) -> (RecordingUpstream, ProxyProcess) {
-    let upstream = RecordingUpstream::start().await;
     let config = write_config(dir, config_toml);
-    let proxy = start_proxy(dir, &["--upstream", &upstream.url(), "--config", &config]);
+    proxy_with_upstream_args(dir, &["--config", &config]).await
+}
+
+/// A recording upstream, and a proxy in front of it started in `dir` with `args` besides
+/// `--upstream`.
+pub async fn proxy_with_upstream_args(
+    dir: &Path,
+    args: &[&str],
+) -> (RecordingUpstream, ProxyProcess) {
+    let upstream = RecordingUpstream::start().await;
+    let url = upstream.url();
+    let mut all = vec!["--upstream", &url];
+    all.extend_from_slice(args);
+    let proxy = start_proxy(dir, &all);
     (upstream, proxy)
 }
 
@@ -78,4 +93,58 @@ pub async fn hold_in_flight(
 /// for an advance that waits at the barrier), or panics with the cause.
 pub fn admin(proxy: &ProxyProcess) -> ProxyAdmin {
     ProxyAdmin::new(&proxy.admin_url("")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Waits, within `timeout`, until the cluster's proxy holds a fence of the default scope
+/// that `accept` takes; that fence. A timeout panics naming `what`.
+pub async fn fence_at_proxy(
+    cluster: &Cluster,
+    timeout: Duration,
+    what: &str,
+    accept: impl Fn(u64) -> bool,
+) -> u64 {
+    wait::poll(timeout, || async {
+        cluster
+            .proxy_fence(DEFAULT_SCOPE)
+            .await
+            .filter(|&f| accept(f))
+    })
+    .await
+    .unwrap_or_else(|| panic!("timed out waiting for {what} at the proxy"))
+}
+
+/// Waits, within `timeout` each, for the cluster's first established leader and for its
+/// token at the proxy; the leader's view.
+pub async fn first_announced_leader(cluster: &Cluster, timeout: Duration) -> LeaderView {
+    let first = cluster
+        .wait_for_leader(0, None, timeout)
+        .await
+        .expect("a first leader");
+    let token = first.token.expect("an established leader holds a token");
+    fence_at_proxy(cluster, timeout, "the first token", |f| f == token).await;
+    first
+}
+
+/// Asks node `id` of `cluster` to resign its leadership, or panics with the cause.
+pub async fn resign(cluster: &Cluster, id: u64) {
+    cluster
+        .node(id)
+        .unwrap_or_else(|| panic!("no node {id}"))
+        .api()
+        .resign()
+        .await
+        .unwrap_or_else(|e| panic!("node {id} resigns: {e}"));
+}
+
+/// Waits, within `timeout`, until the nodes `ids` of `cluster` agree on one established
+/// leader (asking only them); its view. A timeout panics naming `what`.
+pub async fn settled_leader(
+    cluster: &Cluster,
+    ids: &[u64],
+    timeout: Duration,
+    what: &str,
+) -> LeaderView {
+    wait::poll(timeout, || cluster.settled_leader(ids))
+        .await
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
 }

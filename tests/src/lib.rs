@@ -3,7 +3,9 @@
 //! `palisade-cluster` (shared with `palisade demo`); this crate adds what only tests need.
 //!
 //! # Layout
-//! - `fixtures`: set-ups several proxy tests share.
+//! - `fixtures`: set-ups several tests share: proxies in front of a recording upstream or
+//!   serving TLS, a write held in flight, and a cluster's first announced leader, its
+//!   fence at the proxy, a settled leader and a resignation.
 //! - `upstream`: the recording upstream, with per-path hold gates to keep a request in
 //!   flight, per-prefix delays, and its apply log for the history checker.
 //! - `relay`: a TCP relay a test can cut, to cut a fleet proxy off from the cluster

@@ -10,6 +10,7 @@
 //!
 //! The term and fence checks over a whole run are in [`crate::terms`].
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,16 @@ pub struct ScenarioSpec {
     /// many proxies as nodes an old leader's write and a new leader's go through
     /// different proxies.
     pub fleet: Option<Fleet>,
+}
+
+impl ScenarioSpec {
+    /// The defaults, with workers that stop at `client-before-send` before every write.
+    pub fn stopping_workers() -> Self {
+        Self {
+            stop_workers: true,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for ScenarioSpec {
@@ -351,25 +362,36 @@ impl Scenario {
         }
     }
 
-    /// Pumps until `check` holds, or panics naming `what` after `timeout`.
+    /// Pumps the workers, then asks `check` of the scenario, every [`wait::POLL`] until it
+    /// returns `Some`; panics naming `what` after `timeout`.
+    #[allow(clippy::await_holding_refcell_ref)]
     pub async fn pump_until<T>(
         &mut self,
         what: &str,
         timeout: Duration,
-        mut check: impl FnMut(&Self) -> Option<T>,
+        check: impl AsyncFn(&Self) -> Option<T>,
     ) -> T {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.pump();
-            if let Some(v) = check(self) {
-                return v;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out after {timeout:?} waiting for {what}"
-            );
-            tokio::time::sleep(wait::POLL).await;
-        }
+        // Each round pumps (`&mut self`) and then checks (`&self`, across the check's
+        // awaits); `wait::poll` runs one round at a time, so the cell's borrows never
+        // overlap (hence the lint's allowance above).
+        let this = RefCell::new(self);
+        wait::poll(timeout, || async {
+            this.borrow_mut().pump();
+            check(&this.borrow()).await
+        })
+        .await
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+    }
+
+    /// Pumps until at least `n` writes with `token` were acknowledged, within
+    /// [`STEP_TIMEOUT`].
+    pub async fn wait_acked(&mut self, token: u64, n: usize) {
+        self.pump_until(
+            &format!("{n} acknowledged writes with token {token}"),
+            STEP_TIMEOUT,
+            async |s| (s.acked_with(token) >= n).then_some(()),
+        )
+        .await;
     }
 
     /// Keeps worker `id` stopped the next time (or now, if it is) at the failpoint.
@@ -391,13 +413,36 @@ impl Scenario {
         self.pump();
     }
 
+    /// Freezes the writer of `leader` (an announced leader) at `client-before-send`, after
+    /// `acked` acknowledged writes with its token; the job it holds, asserted to carry that
+    /// token.
+    pub async fn freeze_leaders_writer(&mut self, leader: &LeaderView, acked: usize) -> Holding {
+        let (id, token) = (
+            leader.node_id,
+            leader.token.expect("an announced leader's token"),
+        );
+        self.wait_acked(token, acked).await;
+        self.hold(id);
+        let job = self.wait_stopped(id).await;
+        assert_eq!(job.token, token, "the frozen job holds the leader's token");
+        job
+    }
+
+    /// Resumes the paused node `id` and releases its held worker; the outcome of the job
+    /// `seq` it was frozen in.
+    pub async fn resume_and_release(&mut self, id: u64, seq: u64) -> Outcome {
+        self.cluster.node(id).unwrap().guard.resume().unwrap();
+        self.release(id).await;
+        self.wait_outcome(id, seq).await
+    }
+
     /// Waits until held worker `id` is stopped at the failpoint, and returns its job.
     pub async fn wait_stopped(&mut self, id: u64) -> Holding {
         assert!(self.held.contains(&id), "worker {id} is not held");
         self.pump_until(
             &format!("worker {id} to stop at {CLIENT_FAILPOINT}"),
             STEP_TIMEOUT,
-            |s| {
+            async |s| {
                 (s.stopped.contains(&id) && s.workers[&id].guard.is_stopped())
                     .then(|| s.holding.get(&id).copied())
                     .flatten()
@@ -411,7 +456,7 @@ impl Scenario {
         self.pump_until(
             &format!("worker {id}'s job {seq} to end"),
             STEP_TIMEOUT,
-            |s| {
+            async |s| {
                 s.completed
                     .contains(&(id, seq))
                     .then(|| s.recorder.get(&writer(id), seq).map(|o| o.outcome))
@@ -434,21 +479,15 @@ impl Scenario {
     /// the proxy's fence equals (every proxy's in a fleet, but for
     /// [`Scenario::skip_proxies`]): elected, established and announced. Pumps meanwhile.
     pub async fn wait_announced_leader(&mut self, above: u64, except: Option<u64>) -> LeaderView {
-        let deadline = Instant::now() + ELECTION_TIMEOUT;
-        loop {
-            self.pump();
-            if let Some(l) = self.cluster.established_leader(except).await
-                && l.term > above
-                && self.fences_at(l.token).await
-            {
-                return l;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no leader above term {above} was announced at the proxies within {ELECTION_TIMEOUT:?}"
-            );
-            tokio::time::sleep(wait::POLL).await;
-        }
+        self.pump_until(
+            &format!("a leader above term {above} announced at the proxies"),
+            ELECTION_TIMEOUT,
+            async |s| {
+                let l = s.cluster.established_leader(except).await?;
+                (l.term > above && s.fences_at(l.token).await).then_some(l)
+            },
+        )
+        .await
     }
 
     /// Pumps for `duration`: lets the workers write.

@@ -13,6 +13,7 @@ use std::process::Command;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use palisade_cluster::Pki;
 use palisade_protocol::process::EVENT_FIELD;
 pub use palisade_protocol::proof::encode_proof;
 use palisade_protocol::proof::proof_message;
@@ -45,8 +46,10 @@ pub struct TokenKeys {
 }
 
 impl TokenKeys {
-    /// Runs `palisade keys generate --out dir`, checks the files and the key's mode.
+    /// Runs `palisade keys generate --out dir` (`dir` created if missing), checks the
+    /// files and the key's mode.
     pub fn generate(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
         run_palisade(&["keys", "generate", "--out", dir.to_str().unwrap()]);
         let keys = Self {
             key: dir.join("token.key"),
@@ -109,82 +112,67 @@ impl Signer {
     }
 }
 
-/// The files `palisade certs generate` writes: a CA and one certificate per name.
-#[derive(Debug, Clone)]
-pub struct Certs {
-    /// Where they are.
-    pub dir: PathBuf,
+/// Runs `palisade certs generate --out dir --names NAMES --hosts 127.0.0.1,localhost`
+/// (`dir` created if missing), checks every file is there, and returns the CA and its
+/// certificates.
+pub fn generate_certs(dir: &Path, names: &[&str]) -> Pki {
+    std::fs::create_dir_all(dir).unwrap();
+    run_palisade(&[
+        "certs",
+        "generate",
+        "--out",
+        dir.to_str().unwrap(),
+        "--names",
+        &names.join(","),
+        "--hosts",
+        "127.0.0.1,localhost",
+    ]);
+    let pki = Pki::at(dir);
+    for file in ["ca.pem", "ca.key"] {
+        assert!(dir.join(file).exists(), "{file} was written");
+    }
+    for name in names {
+        assert!(pki.cert(name).exists(), "{name}.pem was written");
+        assert!(pki.key(name).exists(), "{name}.key was written");
+    }
+    pki
 }
 
-impl Certs {
-    /// Runs `palisade certs generate --out dir --names NAMES --hosts 127.0.0.1,localhost`,
-    /// and checks every file is there.
-    pub fn generate(dir: &Path, names: &[&str]) -> Self {
-        let joined = names.join(",");
-        run_palisade(&[
-            "certs",
-            "generate",
-            "--out",
-            dir.to_str().unwrap(),
-            "--names",
-            &joined,
-            "--hosts",
-            "127.0.0.1,localhost",
-        ]);
-        let certs = Self {
-            dir: dir.to_owned(),
-        };
-        for file in ["ca.pem", "ca.key"] {
-            assert!(dir.join(file).exists(), "{file} was written");
-        }
-        for name in names {
-            assert!(certs.cert(name).exists(), "{name}.pem was written");
-            assert!(certs.key(name).exists(), "{name}.key was written");
-        }
-        certs
-    }
+/// The common name `palisade certs generate` gives its CA.
+const GENERATED_CA_COMMON_NAME: &str = "palisade cluster CA";
 
-    /// `ca.pem`.
-    pub fn ca(&self) -> PathBuf {
-        self.dir.join("ca.pem")
-    }
-
-    /// `NAME.pem`.
-    pub fn cert(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.pem"))
-    }
-
-    /// `NAME.key`.
-    pub fn key(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.key"))
-    }
-
-    /// The node flags `--cert NAME.pem --key NAME.key --ca ca.pem`.
-    pub fn flags(&self, name: &str) -> Vec<String> {
-        let s = |p: PathBuf| p.display().to_string();
-        vec![
-            "--cert".into(),
-            s(self.cert(name)),
-            "--key".into(),
-            s(self.key(name)),
-            "--ca".into(),
-            s(self.ca()),
-        ]
-    }
-
-    /// A client TLS setting trusting the CA and presenting `name`'s certificate (none:
-    /// `None`).
-    pub fn client_tls(&self, name: Option<&str>) -> palisade_client::ClientTls {
-        let tls = palisade_client::ClientTls::new()
-            .trust_pem_file(self.ca())
-            .unwrap_or_else(|e| panic!("{e}"));
-        match name {
-            Some(name) => tls
-                .identity_pem_files(self.cert(name), self.key(name))
-                .unwrap_or_else(|e| panic!("{e}")),
-            None => tls,
-        }
-    }
+/// Issues `NAME.pem`/`NAME.key` in `pki`'s directory, signed by the CA that `palisade
+/// certs generate` made there, for a name the binary refuses to issue: one without a role
+/// prefix, as an existing PKI might issue it. The certificate names `name`, `127.0.0.1`
+/// and `localhost`. The CA is rebuilt from `ca.key` with the subject the binary gives it,
+/// so its signature verifies under `ca.pem`; a handshake that fails with it means the
+/// binary's CA subject changed.
+pub fn issue_outside_the_binary(pki: &Pki, name: &str) {
+    let ca_key =
+        rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.dir.join("ca.key")).unwrap())
+            .unwrap();
+    let mut ca_params = rcgen::CertificateParams::default();
+    ca_params.distinguished_name = rcgen::DistinguishedName::new();
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, GENERATED_CA_COMMON_NAME);
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![
+        name.to_owned(),
+        "127.0.0.1".to_owned(),
+        "localhost".to_owned(),
+    ])
+    .unwrap();
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    std::fs::write(pki.cert(name), cert.pem()).unwrap();
+    std::fs::write(pki.key(name), key.serialize_pem()).unwrap();
 }
 
 /// Writes a fresh admin bearer token to `dir/admin.token` (mode 0600) and returns the

@@ -1,6 +1,7 @@
 //! `palisade audit FILE`: reads an audit log written with `--audit-log` (and its rotated
 //! siblings `FILE.N` .. `FILE.1`, oldest first, so events come out in the order they were
-//! written), filters it, and prints a table or JSON lines.
+//! written), and its noise file `FILE.noise` with its own rotated siblings, merged with
+//! the first by time; filters them, and prints a table or JSON lines.
 
 use std::fs::File;
 use std::io::{BufRead as _, BufReader};
@@ -9,7 +10,7 @@ use std::time::SystemTime;
 
 use clap::Args;
 use palisade_protocol::AuditRecord;
-use palisade_protocol::audit::{parse_rfc3339, rotated_path};
+use palisade_protocol::audit::{noise_path, parse_rfc3339, rotated_path};
 
 use crate::Failure;
 use crate::client_cmds::{print_json, print_line};
@@ -24,7 +25,8 @@ pub(crate) const AUDIT_LINE_BYTES_MAX: usize = 64 * 1024;
 /// Read an audit log (`--audit-log` of `palisade proxy` or `palisade node`), filtered.
 #[derive(Args)]
 pub(crate) struct AuditArgs {
-    /// The audit log; its rotated siblings (FILE.1, FILE.2, ...) are read too.
+    /// The audit log; its rotated siblings (FILE.1, FILE.2, ...) and its noise file
+    /// (FILE.noise, FILE.noise.1, ...: missing or invalid proofs) are read too.
     file: PathBuf,
     /// Only events of this scope.
     #[arg(long)]
@@ -34,7 +36,7 @@ pub(crate) struct AuditArgs {
     #[arg(long, value_name = "N")]
     token: Option<u64>,
     /// Only events of this kind (rejection, raise, reset, announce, membership,
-    /// transfer, dropped).
+    /// transfer, forbidden, dropped, suppressed).
     #[arg(long, value_name = "EVENT")]
     event: Option<String>,
     /// Only events at or after this time (RFC 3339, e.g. 2026-11-23T16:00:00Z).
@@ -82,14 +84,17 @@ impl AuditArgs {
     }
 }
 
-/// The files of the log, oldest first: `FILE.N` .. `FILE.1`, then `FILE`.
+/// The files of one chain, oldest first: `FILE.N` .. `FILE.1`, then `FILE` (when it
+/// exists: a noise file is created by its first record).
 fn files_of(path: &Path) -> Vec<PathBuf> {
     let mut rotated: Vec<PathBuf> = (1..=AUDIT_ROTATED_FILES_MAX)
         .map(|n| rotated_path(path, n))
         .take_while(|p| p.exists())
         .collect();
     rotated.reverse();
-    rotated.push(path.to_owned());
+    if path.exists() {
+        rotated.push(path.to_owned());
+    }
     rotated
 }
 
@@ -115,12 +120,37 @@ pub(crate) fn run(args: &AuditArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The records of the log that pass the filters, oldest first, and how many lines were
-/// not records (each named on stderr).
+/// The records of the log and its noise file that pass the filters, oldest first, and
+/// how many lines were not records (each named on stderr).
 fn read(args: &AuditArgs) -> Result<(Vec<AuditRecord>, u64), Failure> {
+    let (records, skipped) = read_chain(args, &args.file)?;
+    let (noise, noise_skipped) = read_chain(args, &noise_path(&args.file))?;
+    Ok((merge_by_time(records, noise), skipped + noise_skipped))
+}
+
+/// Two lists in the order they were written, merged by time: each keeps its own order,
+/// and of equal times the first list's record comes first. Times are RFC 3339 in UTC of
+/// one length, as the writer writes them, so they compare as text; a line with another
+/// time still comes out, placed by its text.
+fn merge_by_time(a: Vec<AuditRecord>, b: Vec<AuditRecord>) -> Vec<AuditRecord> {
+    let mut merged = Vec::with_capacity(a.len() + b.len());
+    let mut b = b.into_iter().peekable();
+    for record in a {
+        while let Some(next) = b.next_if(|n| n.time < record.time) {
+            merged.push(next);
+        }
+        merged.push(record);
+    }
+    merged.extend(b);
+    merged
+}
+
+/// The records of one chain of files ([`files_of`]) that pass the filters, oldest first,
+/// and how many lines were not records.
+fn read_chain(args: &AuditArgs, file: &Path) -> Result<(Vec<AuditRecord>, u64), Failure> {
     let mut matched = Vec::new();
     let mut skipped = 0u64;
-    for path in files_of(&args.file) {
+    for path in files_of(file) {
         let file = File::open(&path)
             .map_err(|e| Failure::Runtime(format!("cannot read {}: {e}", path.display())))?;
         for (n, line) in BufReader::new(file).split(b'\n').enumerate() {
@@ -278,5 +308,31 @@ mod tests {
         let tokens: Vec<Option<u64>> = records.iter().map(|r| r.presented).collect();
         assert_eq!(tokens, [Some(1), Some(2)]);
         assert_eq!(skipped, 3);
+    }
+
+    /// Goal: the noise file and its rotated siblings are read too, merged with the
+    /// security records by time, each file's order kept. Method: write `FILE.1`, `FILE`,
+    /// `FILE.noise.1` and `FILE.noise` by hand with interleaved times; read.
+    #[test]
+    fn noise_files_are_merged_by_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("audit.log");
+        let noise = noise_path(&file);
+        let line = |second: u64, t: u64| {
+            let time = format!("2026-11-23T10:00:{second:02}.000Z");
+            serde_json::to_string(&record(&time, "jobs", t)).unwrap() + "\n"
+        };
+        std::fs::write(rotated_path(&file, 1), line(1, 1)).unwrap();
+        std::fs::write(&file, line(3, 3) + &line(5, 5)).unwrap();
+        std::fs::write(rotated_path(&noise, 1), line(0, 10) + &line(2, 12)).unwrap();
+        std::fs::write(&noise, line(3, 13) + &line(6, 16)).unwrap();
+        let (records, skipped) = read(&args_for(file.to_str().unwrap(), &[])).unwrap();
+        let tokens: Vec<Option<u64>> = records.iter().map(|r| r.presented).collect();
+        assert_eq!(
+            tokens,
+            [10, 1, 12, 3, 13, 5, 16].map(Some),
+            "times 0 1 2 3 3 5 6, FILE's first of the two at 3"
+        );
+        assert_eq!(skipped, 0);
     }
 }

@@ -2,11 +2,17 @@
 //! so that a secure cluster needs no openssl.
 //!
 //! Writes `ca.pem`, `ca.key` (0600) and, for each name, `NAME.pem` and `NAME.key` (0600).
-//! Every leaf names `NAME` as a DNS subject alternative name (a node's must be
-//! `node-<id>`: peers check it), plus every `--hosts` entry (IP addresses as IP SANs), and
-//! is usable both as a server and as a client certificate (serverAuth and clientAuth), so
-//! the same file serves a node's peer links in both directions and its HTTPS API.
-//! Keys are ECDSA P-256, which every rustls provider verifies.
+//! Every leaf names `NAME` as a DNS subject alternative name, plus every `--hosts` entry
+//! (IP addresses as IP SANs), and is usable both as a server and as a client certificate
+//! (serverAuth and clientAuth), so the same file serves a node's peer links in both
+//! directions and its HTTPS API. Keys are ECDSA P-256, which every rustls provider
+//! verifies.
+//!
+//! A name's prefix is the certificate's role on the node API
+//! (`palisade_protocol::roles`): `node-<id>` (peers check it, too), `proxy-<name>`,
+//! `writer-<name>`, `operator-<name>`. A name without one would make a certificate that
+//! every node API refuses (but `GET /healthz`), so it is refused here; so is a `--hosts`
+//! entry that carries one, which would give every certificate of the run that role.
 
 use std::path::{Path, PathBuf};
 
@@ -16,11 +22,13 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
+use palisade_protocol::CredentialRole;
+
 use crate::Failure;
 use crate::keys::{PUBLIC_MODE, SECRET_MODE, prepare_dir, refuse_existing, write_file};
 
 /// Longest certificate name, in characters (a DNS label is at most 63; names may have
-/// dots, and 64 is plenty for `node-<id>`, `proxy`, `client`).
+/// dots, and 64 is plenty for `node-<id>`, `proxy-<name>`, `writer-<name>`).
 pub(crate) const NAME_CHARS_MAX: usize = 64;
 /// Most names in one run: a cluster's nodes, proxies and clients, with room to spare.
 pub(crate) const NAMES_MAX: usize = 256;
@@ -49,8 +57,9 @@ struct GenerateArgs {
     /// Directory to write into (created if missing).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
-    /// Certificate names, comma-separated: node-<id> for each node, and e.g. proxy,
-    /// client. Each is 1 to 64 characters of A-Z a-z 0-9 . -
+    /// Certificate names, comma-separated; the prefix is the role: node-<id> for each
+    /// node, proxy-<name> for each fleet proxy, writer-<name> for clients that write,
+    /// operator-<name> for administration. Each is 1 to 64 characters of A-Z a-z 0-9 . -
     #[arg(long, value_name = "NAME,...", value_delimiter = ',', required = true)]
     names: Vec<String>,
     /// Host names and IP addresses added to every certificate, comma-separated.
@@ -94,6 +103,18 @@ pub(crate) fn check_name(flag: &str, name: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Checks that `name` carries a role (`node-<id>`, `proxy-<name>`, `writer-<name>`,
+/// `operator-<name>`): a certificate without one is refused by every node API.
+pub(crate) fn check_role_name(name: &str) -> Result<CredentialRole, Failure> {
+    CredentialRole::of_name(name).ok_or_else(|| {
+        Failure::Usage(format!(
+            "--names: {name:?} carries no role; a name starts with its role: node-<id> (a \
+             node, e.g. node-1), proxy-<name> (a fleet proxy), writer-<name> (a client that \
+             writes), operator-<name> (administration), e.g. writer-{name}"
+        ))
+    })
+}
+
 /// Checks the names and hosts, then writes the CA and a certificate per name into `dir`;
 /// returns the paths written. Refuses (usage) to overwrite anything unless `force`.
 pub(crate) fn generate_certs(
@@ -113,11 +134,7 @@ pub(crate) fn generate_certs(
     }
     for name in names {
         check_name("--names", name)?;
-        if matches!(name.as_str(), "ca") {
-            return Err(Failure::Usage(
-                "--names: \"ca\" is the CA's own file name; choose another".to_owned(),
-            ));
-        }
+        check_role_name(name)?;
     }
     if let Some(dup) = names
         .iter()
@@ -140,6 +157,14 @@ pub(crate) fn generate_certs(
         // must be a host name.
         if host.parse::<std::net::IpAddr>().is_err() {
             check_name("--hosts", host)?;
+            if let Some(role) = CredentialRole::of_name(host) {
+                return Err(Failure::Usage(format!(
+                    "--hosts: {host:?} carries the role {role} (it starts {}); every \
+                     certificate names every host, so each would hold that role: choose a \
+                     host name without a role prefix",
+                    role.prefix()
+                )));
+            }
         }
     }
     prepare_dir(dir)?;
@@ -251,5 +276,50 @@ mod tests {
             };
             assert!(msg.starts_with("--names"), "{msg}");
         }
+    }
+
+    /// Goal: only names that carry a role are accepted, and the refusal says what a role
+    /// name looks like; a host that carries a role is refused too, and nothing is
+    /// written. Method: role names, names without a role (the CA's own file name among
+    /// them), a role-prefixed host.
+    #[test]
+    fn names_must_carry_a_role() {
+        for good in [
+            "node-1",
+            "proxy-a",
+            "writer-app",
+            "operator-ops",
+            "Writer-X",
+        ] {
+            assert!(check_role_name(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "client", "proxy", "ca", "node-x", "node-01", "writer-", "nodes-1",
+        ] {
+            let Err(Failure::Usage(msg)) = check_role_name(bad) else {
+                panic!("{bad:?} accepted");
+            };
+            assert!(
+                msg.contains("carries no role") && msg.contains("writer-<name>"),
+                "{msg}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("pki");
+        let names = ["node-1".to_owned()];
+        let Err(Failure::Usage(msg)) =
+            generate_certs(&out, &names, &["operator-box".to_owned()], false)
+        else {
+            panic!("a role-prefixed host accepted");
+        };
+        assert!(
+            msg.starts_with("--hosts") && msg.contains("operator"),
+            "{msg}"
+        );
+        let Err(Failure::Usage(_)) = generate_certs(&out, &["client".to_owned()], &[], false)
+        else {
+            panic!("a name without a role accepted");
+        };
+        assert!(!out.exists(), "nothing was written");
     }
 }

@@ -3,7 +3,7 @@
 //! once it applied the change itself.
 
 use clap::{Args, Subcommand};
-use palisade_client::{MemberList, NodeApi};
+use palisade_client::{Member, MemberList, MemberRole, NodeApi};
 
 use crate::Failure;
 use crate::client_cmds::{failure_plain, print_json, print_line};
@@ -18,8 +18,9 @@ pub(crate) struct MemberArgs {
 
 #[derive(Subcommand)]
 enum MemberCommand {
-    /// Add a member: it then starts with `palisade node --join URL` and an empty data
-    /// directory.
+    /// Add a member: it joins as a learner (it receives the log but does not vote) and the
+    /// leader promotes it to voter once it has caught up. Start it with `palisade node
+    /// --join URL` and an empty data directory.
     Add {
         #[command(flatten)]
         target: Target,
@@ -31,13 +32,18 @@ enum MemberCommand {
         peer: String,
     },
     /// Remove a member (not the leader: move leadership first); its id is never
-    /// accepted again.
+    /// accepted again. Refused when the voters left would have no reachable quorum, and
+    /// below three voters unless --force.
     Remove {
         #[command(flatten)]
         target: Target,
         /// The member to remove.
         #[arg(long, value_name = "N")]
         id: u64,
+        /// Remove even when fewer than three voters would remain (one more failure then
+        /// stops the cluster). Never overrides the quorum check.
+        #[arg(long)]
+        force: bool,
     },
     /// List the members.
     List {
@@ -76,12 +82,14 @@ pub(crate) async fn run(args: MemberArgs) -> Result<(), Failure> {
                 .map_err(|e| failure_plain(&e, target.json))?;
             (target, list)
         }
-        MemberCommand::Remove { target, id } => {
+        MemberCommand::Remove { target, id, force } => {
             let api = target.api()?;
-            let list = api
-                .remove_member(id)
-                .await
-                .map_err(|e| failure_plain(&e, target.json))?;
+            let removed = if force {
+                api.remove_member_forced(id).await
+            } else {
+                api.remove_member(id).await
+            };
+            let list = removed.map_err(|e| failure_plain(&e, target.json))?;
             (target, list)
         }
         MemberCommand::List { target } => {
@@ -100,15 +108,23 @@ pub(crate) async fn run(args: MemberArgs) -> Result<(), Failure> {
     }
 }
 
+/// A member's role as the list shows it: `voter`, `learner` (promoted once caught up),
+/// or `joining` when the node asked has no configuration yet (or is an older version
+/// that does not say).
+fn role_of(m: &Member) -> &'static str {
+    match (m.role, m.voter) {
+        (Some(role), _) => role.as_str(),
+        (None, true) => MemberRole::Voter.as_str(),
+        (None, false) => "joining",
+    }
+}
+
 /// The human-readable list: one line per member, then the removed ids.
 fn render(list: &MemberList) -> String {
     let mut lines: Vec<String> = list
         .members
         .iter()
-        .map(|m| {
-            let role = if m.voter { "voter" } else { "joining" };
-            format!("{}\t{}\t{role}", m.id, m.peer)
-        })
+        .map(|m| format!("{}\t{}\t{}", m.id, m.peer, role_of(m)))
         .collect();
     if !list.removed.is_empty() {
         let removed: Vec<String> = list.removed.iter().map(u64::to_string).collect();
@@ -126,10 +142,10 @@ fn render(list: &MemberList) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use palisade_client::Member;
 
     /// Goal: the list reads well: one line per member with its role, then the removed
-    /// ids. Method: render a list with a joining member and a removed id.
+    /// ids. Method: render a list with a learner, a member of unknown role and a removed
+    /// id.
     #[test]
     fn list_renders_members_then_removed_ids() {
         let list = MemberList {
@@ -138,20 +154,29 @@ mod tests {
                     id: 1,
                     peer: "127.0.0.1:7001".into(),
                     voter: true,
+                    role: Some(MemberRole::Voter),
+                },
+                Member {
+                    id: 4,
+                    peer: "127.0.0.1:7004".into(),
+                    voter: false,
+                    role: Some(MemberRole::Learner),
                 },
                 Member {
                     id: 5,
                     peer: "127.0.0.1:7005".into(),
                     voter: false,
+                    role: None,
                 },
             ],
-            removed: vec![4],
+            removed: vec![6],
             index: 9,
             joint: false,
         };
         assert_eq!(
             render(&list),
-            "1\t127.0.0.1:7001\tvoter\n5\t127.0.0.1:7005\tjoining\nremoved ids (never reused): 4"
+            "1\t127.0.0.1:7001\tvoter\n4\t127.0.0.1:7004\tlearner\n5\t127.0.0.1:7005\tjoining\n\
+             removed ids (never reused): 6"
         );
     }
 }

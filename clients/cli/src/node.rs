@@ -30,8 +30,9 @@ pub struct NodeArgs {
     /// The fencing scope of this cluster's tokens [default: default].
     #[arg(long, env = "PALISADE_SCOPE", value_name = "NAME")]
     pub scope: Option<String>,
-    /// Admin base URL of a proxy to fence on election (repeatable; in the environment,
-    /// comma-separated).
+    /// A proxy to fence on election: its admin base URL, or NAME=URL with the proxy's
+    /// credential name (proxy-...); no user information, query or fragment (repeatable;
+    /// in the environment, comma-separated).
     #[arg(
         long,
         env = "PALISADE_ANNOUNCE",
@@ -137,6 +138,13 @@ pub struct NodeArgs {
     /// node's log restarts normally.
     #[arg(long, env = "PALISADE_JOIN", value_name = "URL")]
     pub join: Option<String>,
+    /// Recovery only, when the cluster lost its quorum for good: make this node the only
+    /// voter of its stored configuration (keeping its log and term), elect itself, then
+    /// add members again. Once, on the most up-to-date survivor, with every other node
+    /// stopped for good; never with --join. See docs/node.md, "Recovering a cluster that
+    /// lost its quorum".
+    #[arg(long, env = "PALISADE_FORCE_NEW_CLUSTER")]
+    pub force_new_cluster: bool,
 }
 
 /// Why `palisade node` failed. [`NodeCommandError::exit_code`] gives the process exit code.
@@ -218,6 +226,7 @@ pub fn build_config(args: NodeArgs) -> Result<NodeConfig, NodeCommandError> {
         override_set!(tls, args: cert, key, ca);
     }
     config.insecure |= args.insecure;
+    config.force_new_cluster |= args.force_new_cluster;
     config.token_key = args.token_key.or(config.token_key);
     config.announce_token_file = args.announce_token_file.or(config.announce_token_file);
     config.audit_log = args.audit_log.or(config.audit_log);

@@ -312,38 +312,29 @@ fn json_output_parses() {
 /// Method: run commands with bad arguments and no proxy.
 #[test]
 fn bad_flags_exit_2() {
-    let cases: &[&[&str]] = &[
+    // A valid `put`, to add one bad flag to.
+    let put = ["put", "k", "--data", "x", "--token", "1"];
+    let bad_proxy = [put.as_slice(), &["--proxy", "ftp://h:1"]].concat();
+    let bad_scope = [put.as_slice(), &["--scope", "bad scope!"]].concat();
+    assert_usage_errors(&[
         &["put", "k", "--data", "x"],                                // no token
         &["put", "k", "--data", "x", "--token", "-1"],               // negative token
         &["put", "k", "--data", "x", "--token", "abc"],              // not a number
         &["put", "k", "--data", "x", "--file", "f", "--token", "1"], // both bodies
-        &[
-            "put",
-            "k",
-            "--data",
-            "x",
-            "--token",
-            "1",
-            "--proxy",
-            "ftp://h:1",
-        ],
-        &[
-            "put",
-            "k",
-            "--data",
-            "x",
-            "--token",
-            "1",
-            "--scope",
-            "bad scope!",
-        ],
+        &bad_proxy,
+        &bad_scope,
         &["put", "/", "--data", "x", "--token", "1"], // no key
         &["get", "k", "--no-such-flag"],
         &["fence", "bad scope!", "--admin", "http://127.0.0.1:1"],
         &["leader"], // no --node
         &["leader", "--node", "not a url"],
         &["frobnicate"],
-    ];
+    ]);
+}
+
+/// Runs `palisade ARGS` for each of `cases`, which are all usage errors: each must exit 2
+/// and say why on stderr.
+fn assert_usage_errors(cases: &[&[&str]]) {
     for args in cases {
         let output = palisade(args, &[]);
         assert_eq!(

@@ -51,8 +51,11 @@ pub struct ClusterOptions {
     /// 127.0.0.1, run directly.
     pub node_hosts: Vec<NodeHost>,
     /// Run secure: trust material in `DIR/trust` ([`Trust`]), nodes signing tokens
-    /// (`--token-key`) with peer mTLS and an https API (`--cert/--key/--ca`), the proxy
-    /// checking proofs (`--token-pub`) with an admin token (`--admin-token-file`).
+    /// (`--token-key`) with peer mTLS and an https API (`--cert/--key/--ca`) whose routes
+    /// admit only their roles, the proxy checking proofs (`--token-pub`) with an admin
+    /// token (`--admin-token-file`); in a fleet, each proxy presents `proxy-<n>` and the
+    /// nodes' `--announce` entries bind its URL to that name (`proxy-<n>=URL`). The
+    /// launcher's own node API calls present [`crate::OPERATOR_CERT_NAME`].
     pub secure: bool,
     /// Run a fleet of proxies in fleet mode ([`Fleet`]) instead of one standalone proxy.
     pub fleet: Option<Fleet>,
@@ -163,7 +166,8 @@ impl Cluster {
             let ids: Vec<u64> = (1..=spec.nodes as u64).collect();
             let mut hosts: Vec<IpAddr> = options.node_hosts.iter().map(|h| h.ip).collect();
             hosts.push(options.proxy_host);
-            Some(Trust::generate(&dir.join("trust"), &ids, &hosts)?)
+            let proxies = options.fleet.as_ref().map_or(1, |f| f.proxies.max(1));
+            Some(Trust::generate(&dir.join("trust"), &ids, proxies, &hosts)?)
         } else {
             None
         };
@@ -244,9 +248,13 @@ impl Cluster {
                     flags.extend(["--lease-write-bound-ms".to_owned(), ms.to_string()]);
                 }
                 if let Some(trust) = &trust {
-                    flags.extend(trust.proxy_cluster_flags());
+                    flags.extend(trust.proxy_cluster_flags(i));
+                    // The nodes lease this URL only to the proxy whose certificate names
+                    // `proxy-<i+1>` (roles are enforced on the https node APIs).
+                    name = Some(format!("{}={fleet_name}", crate::trust::proxy_cert_name(i)));
+                } else {
+                    name = Some(fleet_name);
                 }
-                name = Some(fleet_name);
             }
             let proxy_dir = if i == 0 {
                 dir.join("proxy")
@@ -268,8 +276,9 @@ impl Cluster {
             announce.push(name.unwrap_or_else(|| format!("http://{}", proxy.admin)));
             proxies.push(proxy);
         }
+        // The launcher's own calls (leadership, test faults, resign) are an operator's.
         let client_tls = match &trust {
-            Some(trust) => Some(trust.client_tls()?),
+            Some(trust) => Some(trust.operator_tls()?),
             None => None,
         };
         let mut nodes = Vec::with_capacity(spec.nodes);

@@ -50,7 +50,7 @@ pub use process::{
     set_palisade_bin, spawn_launch, spawn_until, spawn_until_line,
 };
 pub use proxy::{ADMIN_QUERY_TIMEOUT_MS, ProxyProcess};
-pub use trust::{CLIENT_CERT_NAME, PROXY_CERT_NAME, Pki, Trust};
+pub use trust::{OPERATOR_CERT_NAME, Pki, Trust, WRITER_CERT_NAME, proxy_cert_name};
 
 /// Why a cluster operation failed.
 #[derive(Debug, thiserror::Error)]

@@ -2,8 +2,10 @@
 //! PEM files in one directory, issued in process (the one CA builder every test uses) or
 //! by the binary; and [`Trust`], everything a secure cluster needs, made by the binary
 //! itself (`palisade keys generate`, `palisade certs generate`) in the cluster's
-//! directory: the token signing key pair, a CA with a certificate per node
-//! (`node-<id>`), for the proxy and for clients, and the admin API's bearer token.
+//! directory: the token signing key pair, a CA with a certificate per role holder (each
+//! node `node-<id>`, each proxy `proxy-<n>`, the writers [`WRITER_CERT_NAME`], the
+//! launcher's own administration [`OPERATOR_CERT_NAME`]), and the admin API's bearer
+//! token. The name's prefix is the certificate's role on the node API.
 
 use std::io::Read as _;
 use std::net::IpAddr;
@@ -21,11 +23,19 @@ use crate::{ClusterError, Result};
 
 /// Random bytes in the admin bearer token (hex-encoded: twice as many characters).
 const ADMIN_TOKEN_BYTES: usize = 24;
-/// The certificate name clients (workers, the launcher's own API clients) present.
-pub const CLIENT_CERT_NAME: &str = "client";
-/// The certificate name proxies present: a fleet proxy's client certificate towards the
-/// node APIs, which require one of the cluster's CA.
-pub const PROXY_CERT_NAME: &str = "proxy";
+/// The certificate writers present to the node API (the demo's workers, `palisade put`
+/// and the other client commands): the writer role reads leadership, nothing else.
+pub const WRITER_CERT_NAME: &str = "writer-client";
+/// The certificate the launcher's own node API clients present (leader queries, test
+/// faults, resign, transfer, membership): the operator role administers the cluster.
+pub const OPERATOR_CERT_NAME: &str = "operator-launcher";
+
+/// The certificate name of the proxy at position `i` (0 for the first): `proxy-<i+1>`. A
+/// fleet proxy presents it to the node APIs when it takes leases, and the nodes'
+/// `--announce` entries bind its URL to that name (`proxy-1=URL`).
+pub fn proxy_cert_name(i: usize) -> String {
+    format!("proxy-{}", i + 1)
+}
 
 /// Where a secure cluster's keys, certificates and admin token are.
 #[derive(Debug, Clone)]
@@ -37,14 +47,21 @@ pub struct Trust {
 
 impl Trust {
     /// Makes everything in `dir` (created if missing): `token.key`, `token.pub`, `ca.pem`,
-    /// `ca.key`, `node-<id>.pem/.key` for each of `node_ids`, `proxy` and `client`
-    /// certificates, all naming `hosts` too, and `admin.token` (0600).
-    pub fn generate(dir: &Path, node_ids: &[u64], hosts: &[IpAddr]) -> Result<Self> {
+    /// `ca.key`, certificates `node-<id>` for each of `node_ids`, `proxy-1` to
+    /// `proxy-<proxies>`, [`WRITER_CERT_NAME`] and [`OPERATOR_CERT_NAME`], all naming
+    /// `hosts` too, and `admin.token` (0600).
+    pub fn generate(
+        dir: &Path,
+        node_ids: &[u64],
+        proxies: usize,
+        hosts: &[IpAddr],
+    ) -> Result<Self> {
         let out = dir.display().to_string();
         run(&["keys", "generate", "--out", &out])?;
         let mut names: Vec<String> = node_ids.iter().map(|id| format!("node-{id}")).collect();
-        names.push(PROXY_CERT_NAME.to_owned());
-        names.push(CLIENT_CERT_NAME.to_owned());
+        names.extend((0..proxies.max(1)).map(proxy_cert_name));
+        names.push(WRITER_CERT_NAME.to_owned());
+        names.push(OPERATOR_CERT_NAME.to_owned());
         let mut host_list = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
         for host in hosts {
             let host = host.to_string();
@@ -141,19 +158,22 @@ impl Trust {
         ]
     }
 
-    /// A fleet proxy's flags towards the https node APIs: `--cluster-ca`, and the `proxy`
-    /// certificate as its client certificate (`--cluster-cert`, `--cluster-key`).
-    pub fn proxy_cluster_flags(&self) -> Vec<String> {
+    /// The flags of the fleet proxy at position `i` towards the https node APIs:
+    /// `--cluster-ca`, and its own certificate [`proxy_cert_name`]`(i)` as its client
+    /// certificate (`--cluster-cert`, `--cluster-key`), under which the nodes lease to it.
+    pub fn proxy_cluster_flags(&self, i: usize) -> Vec<String> {
+        let name = proxy_cert_name(i);
         flags(&[
             ("--cluster-ca", self.ca()),
-            ("--cluster-cert", self.cert(PROXY_CERT_NAME)),
-            ("--cluster-key", self.key(PROXY_CERT_NAME)),
+            ("--cluster-cert", self.cert(&name)),
+            ("--cluster-key", self.key(&name)),
         ])
     }
 
     /// The environment that gives a `palisade` client command or demo worker the CA and
-    /// the client certificate (`PALISADE_CLIENT_CA`, `_CERT`, `_KEY`).
-    pub fn client_env(&self) -> Vec<(String, String)> {
+    /// the certificate `name` ([`WRITER_CERT_NAME`], [`OPERATOR_CERT_NAME`], ...):
+    /// `PALISADE_CLIENT_CA`, `_CERT`, `_KEY`.
+    pub fn client_env(&self, name: &str) -> Vec<(String, String)> {
         vec![
             (
                 "PALISADE_CLIENT_CA".to_owned(),
@@ -161,18 +181,24 @@ impl Trust {
             ),
             (
                 "PALISADE_CLIENT_CERT".to_owned(),
-                self.cert(CLIENT_CERT_NAME).display().to_string(),
+                self.cert(name).display().to_string(),
             ),
             (
                 "PALISADE_CLIENT_KEY".to_owned(),
-                self.key(CLIENT_CERT_NAME).display().to_string(),
+                self.key(name).display().to_string(),
             ),
         ]
     }
 
-    /// Client TLS settings: trust the CA, present the client certificate.
-    pub fn client_tls(&self) -> Result<ClientTls> {
-        self.pki().client_tls(Some(CLIENT_CERT_NAME))
+    /// Client TLS settings of a writer: trust the CA, present [`WRITER_CERT_NAME`].
+    pub fn writer_tls(&self) -> Result<ClientTls> {
+        self.pki().client_tls(Some(WRITER_CERT_NAME))
+    }
+
+    /// Client TLS settings of an operator: trust the CA, present [`OPERATOR_CERT_NAME`]
+    /// (the launcher's own calls of the node APIs).
+    pub fn operator_tls(&self) -> Result<ClientTls> {
+        self.pki().client_tls(Some(OPERATOR_CERT_NAME))
     }
 }
 

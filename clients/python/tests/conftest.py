@@ -1,5 +1,5 @@
 """Makes ``palisade.py`` (one directory up), and the tests' shared helpers in
-``test_client.py``, importable however pytest is started."""
+``test_client.py`` and ``palisade_binary.py``, importable however pytest is started."""
 
 import sys
 from pathlib import Path

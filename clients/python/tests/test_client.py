@@ -5,7 +5,6 @@ build it first with ``cargo build -p palisade-cli``.
 """
 
 import json
-import os
 import queue
 import subprocess
 import threading
@@ -24,22 +23,10 @@ from palisade import (
     StaticToken,
     Unreachable,
 )
+from palisade_binary import palisade_bin
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 #: Seconds the proxy may take to print its listening line.
 START_TIMEOUT_S = 30
-
-
-def palisade_bin() -> Path:
-    explicit = os.environ.get("PALISADE_BIN")
-    path = Path(explicit) if explicit else REPO_ROOT / "target" / "debug" / "palisade"
-    if not path.is_file():
-        pytest.fail(
-            f"the palisade binary is missing at {path}: run `cargo build -p palisade-cli` "
-            "at the repository root, or set PALISADE_BIN",
-            pytrace=False,
-        )
-    return path
 
 
 class Proxy:

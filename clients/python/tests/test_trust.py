@@ -152,22 +152,22 @@ def test_node_api_over_https_with_a_client_certificate(tmp_path):
     node behind TLS."""
     certs = tmp_path / "certs"
     run_palisade(
-        "certs", "generate", "--out", str(certs), "--names", "node-1,client",
+        "certs", "generate", "--out", str(certs), "--names", "node-1,writer-client",
         "--hosts", "127.0.0.1,localhost",
     )
     node = TlsNode(leader_view(3, 3), certs)
     try:
         good = NodeTokenSource(
-            node.url, ca=str(certs / "ca.pem"), cert=str(certs / "client.pem"),
-            key=str(certs / "client.key"),
+            node.url, ca=str(certs / "ca.pem"), cert=str(certs / "writer-client.pem"),
+            key=str(certs / "writer-client.key"),
         )
         assert good.current().write_token == 3
         without_cert = NodeTokenSource(node.url, ca=str(certs / "ca.pem"))
         assert without_cert.current().write_token is None
-        untrusted = NodeTokenSource(node.url, cert=str(certs / "client.pem"),
-                                    key=str(certs / "client.key"))
+        untrusted = NodeTokenSource(node.url, cert=str(certs / "writer-client.pem"),
+                                    key=str(certs / "writer-client.key"))
         assert untrusted.current().write_token is None
     finally:
         node.stop()
     with pytest.raises(ValueError):
-        NodeTokenSource("https://127.0.0.1:1", cert=str(certs / "client.pem"))
+        NodeTokenSource("https://127.0.0.1:1", cert=str(certs / "writer-client.pem"))

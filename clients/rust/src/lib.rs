@@ -144,7 +144,8 @@ pub use node_source::{
 };
 pub use palisade_protocol::{
     AdvanceResponse, FaultSpec, FenceList, FenceView, Health, LeaderView, LongPoll, Member,
-    MemberAdd, MemberList, Problem, ResetResponse, Role, Scope, Transferred,
+    MemberAdd, MemberList, MemberRemove, MemberRole, Problem, ResetResponse, Role, Scope,
+    Transferred,
 };
 pub use request::{FencedRequest, FencedResponse, IDEMPOTENCY_KEY, is_write};
 pub use source::{BoxFuture, LEADER_POLL_MS, Leadership, StaticToken, TokenSource};

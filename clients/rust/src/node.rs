@@ -12,8 +12,8 @@ use palisade_protocol::node::{
     LEADER_PATH, MEMBERS_PATH, RESIGN_PATH, TEST_FAULTS_PATH, TRANSFER_PATH,
 };
 use palisade_protocol::{
-    FaultSpec, Health, LeaderView, LongPoll, MemberAdd, MemberList, Role, TransferRequest,
-    Transferred,
+    FaultSpec, Health, LeaderView, LongPoll, MemberAdd, MemberList, MemberRemove, Role,
+    TransferRequest, Transferred,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -170,8 +170,9 @@ impl NodeApi {
         self.read(MEMBERS_PATH, self.endpoint.timeout).await
     }
 
-    /// `POST /v1/members`: adds member `id` at peer address `peer` (`HOST:PORT`); answers
-    /// the members once the node applied the change. A refusal (a removed id, a change
+    /// `POST /v1/members`: adds member `id` at peer address `peer` (`HOST:PORT`) as a
+    /// learner (the leader promotes it to voter once it has caught up); answers the
+    /// members once the node applied the change. A refusal (a removed id, a change
     /// already in progress, ...) is [`ClientError::Status`] with the problem.
     pub async fn add_member(&self, id: u64, peer: &str) -> Result<MemberList, ClientError> {
         let add = MemberAdd {
@@ -183,10 +184,21 @@ impl NodeApi {
     }
 
     /// `DELETE /v1/members/{id}`: removes member `id` (never the leader); its id is never
-    /// accepted again. Answers like [`NodeApi::add_member`].
+    /// accepted again. Answers like [`NodeApi::add_member`]. Refused (409) when fewer
+    /// than three voters would remain (see [`NodeApi::remove_member_forced`]) or the
+    /// voters left would have no reachable quorum.
     pub async fn remove_member(&self, id: u64) -> Result<MemberList, ClientError> {
         let path = format!("{MEMBERS_PATH}/{id}");
         self.send::<(), _>(Method::DELETE, &path, None, MEMBER_CHANGE_TIMEOUT_MS)
+            .await
+    }
+
+    /// [`NodeApi::remove_member`] with `{"force":true}`: even when fewer than three voters
+    /// remain (never without a reachable quorum).
+    pub async fn remove_member_forced(&self, id: u64) -> Result<MemberList, ClientError> {
+        let path = format!("{MEMBERS_PATH}/{id}");
+        let body = MemberRemove { force: true };
+        self.send(Method::DELETE, &path, Some(&body), MEMBER_CHANGE_TIMEOUT_MS)
             .await
     }
 

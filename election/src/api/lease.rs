@@ -5,10 +5,14 @@
 //! - leases off (the node runs without `--lease-ms`): 409 `leases-off`. It is a
 //!   configuration mismatch between the proxy and this node, not a transient state, so it
 //!   is not a 503 a proxy would retry on the next node as if it were an election;
-//! - a `proxy` that is none of this node's `--announce` URLs (compared without trailing
-//!   slashes): 403 `unknown-proxy`. Only those proxies are announced to, so only they may
-//!   hold leases: the release shortcut "every proxy accepted the term" covers every
-//!   lease holder;
+//! - a `proxy` that is none of this node's `--announce` URLs (compared in their normal
+//!   form, `palisade_protocol::announce`): 403 `unknown-proxy`. Only those proxies are
+//!   announced to, so only they may hold leases: the release shortcut "every proxy
+//!   accepted the term" covers every lease holder;
+//! - with roles enforced (mutual TLS), a proxy credential asking for an entry not bound
+//!   to one of its names (`--announce proxy-a=URL` binds URL to `proxy-a`; a bare URL to
+//!   none, which only an operator credential may lease): 403 `forbidden-role`. The route
+//!   itself admits only proxy and operator credentials (`super::roles`);
 //! - more than [`LEASE_PENDING_MAX`] requests already waiting: 503 `lease-busy`;
 //! - not the leader, handing leadership over, or leadership lost before a quorum
 //!   confirmed it: 503 `not-leader`, naming the leader this node knows (`leader_id`);
@@ -24,12 +28,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use http::StatusCode;
+use http::{Extensions, Method, StatusCode, Uri};
 use palisade_protocol::Problem;
 use palisade_protocol::lease::{LEASES_OFF, LeaseGrant, LeaseRequest, NOT_LEADER, UNKNOWN_PROXY};
+use palisade_protocol::problem::kind::FORBIDDEN_ROLE;
+use palisade_server::roles::{Caller, RequestHead};
 use palisade_server::{ApiJson, ApiProblem};
 
-use super::state::{LEASE_PENDING_MAX, LeaseApi, Shared};
+use super::roles::{LEASE_HOLDERS, rule};
+use super::state::{Binding, LEASE_PENDING_MAX, LeaseApi, Shared};
 use crate::node::LeaseError;
 
 pub use palisade_protocol::lease::{LEASE_BUSY, LEASE_TIMEOUT};
@@ -48,6 +55,10 @@ fn wait(leases: &LeaseApi) -> Duration {
 /// `POST /v1/lease`.
 pub(super) async fn lease(
     State(state): State<Shared>,
+    caller: Caller,
+    method: Method,
+    uri: Uri,
+    extensions: Extensions,
     body: Result<ApiJson<LeaseRequest>, ApiProblem>,
 ) -> Result<ApiJson<LeaseGrant>, ApiProblem> {
     let refuse = |status: StatusCode, kind: &'static str, title: &str, detail: String| {
@@ -69,7 +80,17 @@ pub(super) async fn lease(
             ),
         ));
     };
-    if !leases.knows(&request.proxy) {
+    let binding = leases.binding(&request.proxy);
+    if let Err(why) = state.lease_identity(&caller, &request.proxy, binding) {
+        state.metrics.lease_refused(FORBIDDEN_ROLE);
+        let head = RequestHead {
+            method: &method,
+            uri: &uri,
+            extensions: &extensions,
+        };
+        return Err(rule(&state, LEASE_HOLDERS).refuse(&head, Some(&why)));
+    }
+    if binding == Binding::Unlisted {
         return Err(refuse(
             StatusCode::FORBIDDEN,
             UNKNOWN_PROXY,

@@ -1,10 +1,13 @@
-//! `GET`/`POST /v1/members`, `DELETE /v1/members/{id}`, and `GET`/`POST /v1/announce`:
-//! membership and announce-list changes through raft, and the problem of each
-//! [`MemberError`].
+//! `GET`/`POST /v1/members` and `DELETE /v1/members/{id}`: membership changes through
+//! raft, and the problem of each [`MemberError`] (the announce list's handlers in
+//! `announce` share it).
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use http::StatusCode;
-use palisade_protocol::{AnnounceList, MemberAdd, MemberList, Problem};
+use palisade_protocol::problem::kind;
+use palisade_protocol::{MemberAdd, MemberList, MemberRemove, Problem};
 use palisade_server::{ApiJson, ApiProblem};
 
 use super::state::{ApiState, Shared};
@@ -15,7 +18,8 @@ pub(super) async fn members_list(State(state): State<Shared>) -> ApiJson<MemberL
     ApiJson(state.members.borrow().clone())
 }
 
-/// `POST /v1/members`.
+/// `POST /v1/members`: the new member joins as a learner; the leader promotes it once it
+/// has caught up.
 pub(super) async fn member_add(
     State(state): State<Shared>,
     body: Result<ApiJson<MemberAdd>, ApiProblem>,
@@ -28,11 +32,27 @@ pub(super) async fn member_add(
     change_members(&state, change).await
 }
 
-/// `DELETE /v1/members/{id}`.
+/// `DELETE /v1/members/{id}`, with an optional [`MemberRemove`] body (`{"force":true}`:
+/// even below three voters).
 pub(super) async fn member_remove(
     State(state): State<Shared>,
     Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<ApiJson<MemberList>, ApiProblem> {
+    let bad_body = |status: StatusCode, detail: String| {
+        state.problem(Problem::new(status, kind::BAD_BODY, detail).with_title("Bad request body"))
+    };
+    let body = body.map_err(|e| bad_body(e.status(), e.body_text()))?;
+    let remove = if body.is_empty() {
+        MemberRemove::default()
+    } else {
+        serde_json::from_slice::<MemberRemove>(&body).map_err(|e| {
+            bad_body(
+                StatusCode::BAD_REQUEST,
+                format!("the body must be {{}} or {{\"force\":true}}: {e}"),
+            )
+        })?
+    };
     let id: u64 = id.parse().map_err(|_| {
         state.problem(
             Problem::new(
@@ -43,7 +63,10 @@ pub(super) async fn member_remove(
             .with_title("Bad member id"),
         )
     })?;
-    let change = MemberChange::Remove { id };
+    let change = MemberChange::Remove {
+        id,
+        force: remove.force,
+    };
     change_members(&state, change).await
 }
 
@@ -60,29 +83,8 @@ async fn change_members(
         .map_err(|err| state.problem(member_problem(&err)))
 }
 
-/// `GET /v1/announce`.
-pub(super) async fn announce_list(State(state): State<Shared>) -> ApiJson<AnnounceList> {
-    ApiJson(AnnounceList {
-        proxies: state.announce.borrow().clone(),
-    })
-}
-
-/// `POST /v1/announce`: replaces the cluster's announce list through raft.
-pub(super) async fn announce_set(
-    State(state): State<Shared>,
-    body: Result<ApiJson<AnnounceList>, ApiProblem>,
-) -> Result<ApiJson<AnnounceList>, ApiProblem> {
-    let ApiJson(list) = body.map_err(|p| state.problem(p))?;
-    state
-        .commands
-        .change_announce(&state.announce, list.proxies)
-        .await
-        .map(|proxies| ApiJson(AnnounceList { proxies }))
-        .map_err(|err| state.problem(member_problem(&err)))
-}
-
 /// The problem that answers a refused or failed membership change.
-fn member_problem(err: &MemberError) -> Problem {
+pub(super) fn member_problem(err: &MemberError) -> Problem {
     use MemberError as E;
     let (status, kind, title) = match err {
         E::Reused { .. } => (
@@ -110,6 +112,22 @@ fn member_problem(err: &MemberError) -> Problem {
             "The leader cannot be removed",
         ),
         E::LastVoter { .. } => (StatusCode::CONFLICT, "last-voter", "Last voter"),
+        E::AlreadyVoter { .. } => (StatusCode::CONFLICT, "already-voter", "Already a voter"),
+        E::NotCaughtUp { .. } => (
+            StatusCode::CONFLICT,
+            "learner-not-caught-up",
+            "The learner has not caught up",
+        ),
+        E::BelowSafeMinimum { .. } => (
+            StatusCode::CONFLICT,
+            "voters-below-three",
+            "Fewer than three voters would remain",
+        ),
+        E::QuorumUnreachable { .. } => (
+            StatusCode::CONFLICT,
+            "quorum-unreachable",
+            "The voters left would have no reachable quorum",
+        ),
         E::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no-leader", "No leader"),
         E::Refused { .. } => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -24,14 +24,18 @@
 //!   problems whose detail says why (a removed id is never accepted again; one change at a
 //!   time).
 //! - `GET /v1/announce`: the `--announce` proxy list the announcer follows
-//!   ([`AnnounceList`](palisade_protocol::AnnounceList)); `POST /v1/announce` with one
-//!   replaces it through raft on every node and answers once this node applied it (409
-//!   `announce-fixed` with fleet leases).
+//!   ([`AnnounceList`](palisade_protocol::AnnounceList)); `POST /v1/announce` with an
+//!   [`AnnounceChange`](palisade_protocol::AnnounceChange) retires every proxy it drops,
+//!   then replaces the list through raft on every node and answers once this node applied
+//!   it (see `announce` for its answers; 409 `announce-fixed` with fleet leases).
 //! - `GET /metrics` (Prometheus text), `GET /healthz`
 //!   ([`Health`](palisade_protocol::Health); 503 once the election loop stopped).
 //! - `GET /`: the status page for people (`status_page`): role, term, leader, members,
 //!   scores, the announce state per proxy. Transfers asked here are written to the audit
 //!   log.
+//! - With mutual TLS (`--cert/--key/--ca`), each route admits only some roles, read from
+//!   the client certificate's name (`node-<id>`, `proxy-<name>`, `writer-<name>`,
+//!   `operator-<name>`); anyone else is answered 403 `forbidden-role` (see `roles`).
 //! - Only on a node started with test faults (`PALISADE_TEST_FAULTS=1`), else 404:
 //!   `GET /v1/test/faults` and `POST /v1/test/faults` with a
 //!   [`FaultSpec`](palisade_protocol::FaultSpec), which replaces every fault of this node's
@@ -44,16 +48,21 @@
 //! - `transfer`: `POST /v1/transfer` and `POST /v1/resign`.
 //! - `lease`: `POST /v1/lease` (the election loop's side is `crate::node`'s
 //!   `lease_rounds`).
-//! - `members`: `/v1/members` and `/v1/announce`.
+//! - `members`: `/v1/members`.
+//! - `announce`: `/v1/announce`.
 //! - `status_page`: `GET /`, the HTML status page.
 //! - `health`: `GET /metrics` and `GET /healthz`.
 //! - `faults`: `/v1/test/faults`, only with test faults.
+//! - `roles`: which role each route admits (mutual TLS only), a node adding only itself,
+//!   and the count and audit record of each 403 `forbidden-role`.
 
+mod announce;
 mod faults;
 mod health;
 mod leader;
 mod lease;
 mod members;
+mod roles;
 mod state;
 mod status_page;
 mod transfer;
@@ -111,7 +120,7 @@ pub(crate) async fn serve(listener: TcpListener, state: ApiState, tls: Option<Tl
         header_read_timeout: Duration::from_millis(API_HEADER_TIMEOUT_MS),
         keepalive_timeout: Duration::from_millis(API_KEEPALIVE_TIMEOUT_MS),
         drain_timeout: Duration::from_millis(API_DRAIN_TIMEOUT_MS),
-        on_close: Some(connection_closed),
+        on_close: Some(crate::metrics::api_connection_closed),
     };
     palisade_server::serve_tls(listener, app(state), limits, tls, async move {
         shutdown.cancelled().await;
@@ -119,43 +128,55 @@ pub(crate) async fn serve(listener: TcpListener, state: ApiState, tls: Option<Tl
     .await;
 }
 
-/// Counts one connection the node API closed on its own ([`API_CONNECTION_CLOSES`]).
-fn connection_closed(_listener: &'static str, reason: palisade_server::CloseReason) {
-    metrics::counter!(API_CONNECTION_CLOSES, "reason" => reason.as_str()).increment(1);
-}
-
 /// The node API's routes; the test-fault routes exist only when faults are enabled, so a
 /// production node answers 404 there like for any other unknown path.
+///
+/// Each route admits the roles `roles` lists for it (a route layer, so unknown paths and
+/// methods keep their 404 and 405); with `state.roles_enforced` off, every route is open.
 pub(crate) fn app(state: ApiState) -> Router {
+    use roles::{ANY_ROLE, LEADER_READERS, LEASE_HOLDERS, MEMBER_NODES, OPERATORS, only};
     let faults_enabled = state.faults.is_some();
+    let state = Arc::new(state);
+    let s = &state;
     let mut router = Router::new()
-        .route(LEADER_PATH, get(leader::leader))
-        .route(TRANSFER_PATH, post(transfer::transfer))
-        .route(RESIGN_PATH, post(transfer::resign))
-        .route(LEASE_PATH, post(lease::lease))
+        .route(LEADER_PATH, only(s, LEADER_READERS, get(leader::leader)))
+        .route(TRANSFER_PATH, only(s, OPERATORS, post(transfer::transfer)))
+        .route(RESIGN_PATH, only(s, OPERATORS, post(transfer::resign)))
+        .route(LEASE_PATH, only(s, LEASE_HOLDERS, post(lease::lease)))
         .route(
             MEMBERS_PATH,
-            get(members::members_list).post(members::member_add),
+            only(s, MEMBER_NODES, get(members::members_list))
+                .merge(roles::member_add(s, post(members::member_add))),
         )
         .route(
             ANNOUNCE_PATH,
-            get(members::announce_list).post(members::announce_set),
+            only(
+                s,
+                OPERATORS,
+                get(announce::announce_list).post(announce::announce_set),
+            ),
         )
-        .route(MEMBER_PATH, delete(members::member_remove))
-        .route(METRICS_PATH, get(health::metrics))
+        .route(
+            MEMBER_PATH,
+            only(s, OPERATORS, delete(members::member_remove)),
+        )
+        .route(METRICS_PATH, only(s, ANY_ROLE, get(health::metrics)))
         .route(HEALTHZ_PATH, get(health::health))
-        .route(STATUS_PAGE_PATH, get(status_page::status_page));
+        .route(
+            STATUS_PAGE_PATH,
+            only(s, OPERATORS, get(status_page::status_page)),
+        );
     if faults_enabled {
         router = router.route(
             TEST_FAULTS_PATH,
-            get(faults::get_faults).post(faults::set_faults),
+            only(
+                s,
+                OPERATORS,
+                get(faults::get_faults).post(faults::set_faults),
+            ),
         );
     }
-    finish(
-        router.with_state(Arc::new(state)),
-        API_NAME,
-        API_BODY_BYTES_MAX,
-    )
+    finish(router.with_state(state), API_NAME, API_BODY_BYTES_MAX)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use palisade_protocol::announce::{AnnounceEntry, parse_announce_entry};
 use palisade_protocol::{LeaderView, MemberList, Problem, Scope};
 use palisade_server::ApiProblem;
 use tokio::sync::{Semaphore, watch};
@@ -43,8 +44,14 @@ pub(crate) struct ApiState {
     pub announce: watch::Receiver<Vec<String>>,
     /// The announce board and the audit log (the status page shows both).
     pub observer: Arc<Observer>,
+    /// Retires the proxies a `POST /v1/announce` removes, one change at a time.
+    pub fences: Arc<crate::announce::ProxyFences>,
     /// Cancelled at shutdown: ends long polls, then the listener.
     pub shutdown: CancellationToken,
+    /// Whether each route admits only its roles (`super::roles`): on when the API is
+    /// served over mutual TLS, where every request carries the credential its client
+    /// certificate proved; off in plaintext, where no caller can be told from another.
+    pub roles_enforced: bool,
 }
 
 impl ApiState {
@@ -86,8 +93,9 @@ pub(super) type Shared = Arc<ApiState>;
 pub(crate) struct LeaseApi {
     /// The lease duration granted.
     pub lease_ms: u64,
-    /// The `--announce` URLs, without trailing slashes.
-    proxies: Vec<String>,
+    /// The `--announce` entries in their normal form: the name each binds its URL to
+    /// (`proxy-a=URL`; `None` for a bare URL) and the URL.
+    proxies: Vec<AnnounceEntry>,
     /// One permit per waiting request ([`LEASE_PENDING_MAX`]).
     pub(crate) permits: Arc<Semaphore>,
 }
@@ -100,26 +108,49 @@ impl LeaseApi {
             .then(|| Self::new(config.lease_ms, &config.announce))
     }
 
-    /// A lease API granting `lease_ms` to the proxies `announce` lists.
+    /// A lease API granting `lease_ms` to the proxies the `announce` entries list (an
+    /// entry that is not one, which the node's configuration refuses, lists nothing).
     pub(crate) fn new(lease_ms: u64, announce: &[String]) -> Self {
         Self {
             lease_ms,
-            proxies: announce.iter().map(|u| normalise(u).to_owned()).collect(),
+            proxies: announce
+                .iter()
+                .filter_map(|entry| parse_announce_entry(entry).ok())
+                .collect(),
             permits: Arc::new(Semaphore::new(LEASE_PENDING_MAX)),
         }
     }
 
-    /// Whether `proxy` is one of the `--announce` URLs.
-    pub(super) fn knows(&self, proxy: &str) -> bool {
-        let proxy = normalise(proxy);
-        self.proxies.iter().any(|p| p == proxy)
+    /// What the `--announce` entries say of `proxy` (a lease request's URL, compared in
+    /// the entries' normal form: `http://P:9001/` is `http://p:9001`): not listed,
+    /// listed as a bare URL, or bound to a name. A `proxy` that is no URL, or that names
+    /// itself (`NAME=URL`), is not listed.
+    pub(super) fn binding(&self, proxy: &str) -> Binding<'_> {
+        let Ok(asked) = parse_announce_entry(proxy) else {
+            return Binding::Unlisted;
+        };
+        if asked.name.is_some() {
+            return Binding::Unlisted;
+        }
+        match self.proxies.iter().find(|entry| entry.url == asked.url) {
+            None => Binding::Unlisted,
+            Some(AnnounceEntry { name: None, .. }) => Binding::Unbound,
+            Some(AnnounceEntry {
+                name: Some(name), ..
+            }) => Binding::Bound(name),
+        }
     }
 }
 
-/// A proxy URL as compared: without trailing slashes (`http://p:9001/` is
-/// `http://p:9001`).
-fn normalise(url: &str) -> &str {
-    url.trim_end_matches('/')
+/// What the announce list says of a proxy URL ([`LeaseApi::binding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Binding<'a> {
+    /// No `--announce` entry lists it.
+    Unlisted,
+    /// Its entry is a bare URL: bound to no name.
+    Unbound,
+    /// Its entry binds it to this name (`proxy-a=URL`).
+    Bound(&'a str),
 }
 
 #[cfg(test)]
@@ -131,10 +162,36 @@ mod tests {
     #[test]
     fn proxies_are_compared_without_trailing_slashes() {
         let api = LeaseApi::new(1_000, &["http://127.0.0.1:9001/".to_owned()]);
-        assert!(api.knows("http://127.0.0.1:9001"));
-        assert!(api.knows("http://127.0.0.1:9001/"));
-        assert!(!api.knows("http://127.0.0.1:9002"));
-        assert!(!api.knows("http://127.0.0.1:9001/admin"));
-        assert!(!api.knows(""));
+        assert_eq!(api.binding("http://127.0.0.1:9001"), Binding::Unbound);
+        assert_eq!(api.binding("http://127.0.0.1:9001/"), Binding::Unbound);
+        assert_eq!(api.binding("http://127.0.0.1:9002"), Binding::Unlisted);
+        assert_eq!(
+            api.binding("http://127.0.0.1:9001/admin"),
+            Binding::Unlisted
+        );
+        assert_eq!(api.binding(""), Binding::Unlisted);
+    }
+
+    /// Goal: an entry `NAME=URL` binds the URL to NAME, a bare URL binds none, both are
+    /// compared in their normal form, and a request naming itself is not listed.
+    /// Method: a lease API over both forms.
+    #[test]
+    fn announce_entries_bind_urls_to_names() {
+        let api = LeaseApi::new(
+            1_000,
+            &[
+                "proxy-a=http://127.0.0.1:9001/".to_owned(),
+                "HTTP://127.0.0.1:9002".to_owned(),
+            ],
+        );
+        assert_eq!(api.binding("http://127.0.0.1:9002/"), Binding::Unbound);
+        assert_eq!(
+            api.binding("http://127.0.0.1:9001"),
+            Binding::Bound("proxy-a")
+        );
+        assert_eq!(
+            api.binding("proxy-a=http://127.0.0.1:9001"),
+            Binding::Unlisted
+        );
     }
 }

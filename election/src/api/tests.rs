@@ -76,7 +76,9 @@ impl TestNode {
                 &["http://127.0.0.1:1/<proxy>".to_owned()],
                 None,
             )),
+            fences: crate::announce::ProxyFences::plain("default"),
             shutdown: CancellationToken::new(),
+            roles_enforced: false,
         })
     }
 }

@@ -46,7 +46,7 @@ impl NodeConfig {
     /// data_dir = "/var/lib/palisade/node1"
     /// api = "127.0.0.1:8001"
     /// scope = "default"
-    /// announce = ["http://127.0.0.1:9001"]
+    /// announce = ["http://127.0.0.1:9001", "proxy-b=https://10.0.0.2:9443"]  # URL or NAME=URL
     /// tick_ms = 100
     /// election_ticks = 5
     /// heartbeat_ticks = 1
@@ -65,6 +65,7 @@ impl NodeConfig {
     /// audit_log = "/var/log/palisade/node1.audit" # announces, transfers, member changes
     /// audit_log_bytes_max = 67108864              # rotate the audit log at this size
     /// audit_log_keep = 4                          # rotated audit files kept
+    /// force_new_cluster = false                   # recovery only: this node alone, once
     /// check_quorum = true                         # leave on
     /// pre_vote = true                             # leave on
     ///

@@ -23,6 +23,16 @@ pub enum JoinError {
     },
 }
 
+/// The refusal of `--force-new-cluster` together with `--join`.
+pub(crate) fn force_with_join() -> ConfigError {
+    ConfigError::new(
+        "force_new_cluster",
+        "cannot be combined with --join: --force-new-cluster restarts a survivor of a lost \
+         cluster alone from its own data directory, --join adds a new node to a running \
+         cluster",
+    )
+}
+
 impl NodeConfig {
     /// `--join URL`: checks the settings and the data directory, and asks the cluster at
     /// `url` (a member's API) for its members, which [`crate::StartOptions::join`] takes.
@@ -64,6 +74,9 @@ impl NodeConfig {
     /// `peers` names only this node, and the data directory holds this node's raft log or
     /// nothing. Returns whether it holds a log.
     pub(super) fn check_join_settings(&self) -> Result<bool, ConfigError> {
+        if self.force_new_cluster {
+            return Err(force_with_join());
+        }
         if self.peers.len() != 1 {
             return Err(ConfigError::new(
                 "peers",

@@ -31,6 +31,7 @@ mod validate;
 
 pub use file::{ConfigFileError, parse_api, parse_peers};
 pub use join::JoinError;
+pub(crate) use join::force_with_join;
 
 pub use limits::{
     ANNOUNCE_URLS_MAX, AUDIT_LOG_BYTES_MIN, ELECTION_TICKS_DEFAULT, ELECTION_TICKS_MAX,
@@ -63,7 +64,10 @@ pub struct NodeConfig {
     /// The fencing scope this cluster's tokens fence; [`palisade_protocol::Scope::check`] is the
     /// rule.
     pub scope: String,
-    /// Admin base URLs (`http://HOST:PORT`) of proxies to fence on election.
+    /// The proxies to fence on election: entries `URL` or `NAME=URL`, the admin base URL
+    /// (`http://HOST:PORT`, optionally with a path prefix; no user information, query or
+    /// fragment) and the proxy's credential name (`proxy-...`);
+    /// [`palisade_protocol::announce::parse_announce_entry`] is the rule.
     pub announce: Vec<String>,
     /// Tick period in milliseconds.
     pub tick_ms: u64,
@@ -129,6 +133,13 @@ pub struct NodeConfig {
     pub audit_log_bytes_max: u64,
     /// Rotated audit files kept besides the current one; older ones are deleted.
     pub audit_log_keep: u32,
+    /// Recovery of a cluster that lost its quorum for good (`--force-new-cluster`): at
+    /// start, this node rewrites its stored configuration so that it is the only voter,
+    /// keeping its log and its term (so its next token is higher than every one it saw),
+    /// and then elects itself; members are added again from there. Once, on the most
+    /// up-to-date survivor, never with `--join`, and the old members must never run
+    /// again with their old data (see `crate::start`).
+    pub force_new_cluster: bool,
 }
 
 impl Default for NodeConfig {
@@ -162,6 +173,7 @@ impl Default for NodeConfig {
             audit_log: None,
             audit_log_bytes_max: palisade_protocol::audit::AUDIT_LOG_BYTES_MAX_DEFAULT,
             audit_log_keep: palisade_protocol::audit::AUDIT_LOG_KEEP_DEFAULT,
+            force_new_cluster: false,
         }
     }
 }

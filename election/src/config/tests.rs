@@ -259,6 +259,7 @@ ca = "/p/ca.pem"
         audit_log: Some("/var/log/n1.audit".into()),
         audit_log_bytes_max: 4096,
         audit_log_keep: 2,
+        force_new_cluster: false,
     };
     assert_eq!(file, expected);
     file.validate().unwrap();
@@ -374,6 +375,31 @@ async fn join_refuses_other_peers_a_foreign_dir_and_a_silent_url() {
     }
 }
 
+/// Goal: `--force-new-cluster` (recovering a survivor alone) and `--join` (adding a new
+/// node) are refused together, naming the recovery flag; the file key reads like the flag.
+/// Method: join with the flag set; parse a file that sets the key.
+#[tokio::test]
+async fn force_new_cluster_is_refused_with_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = NodeConfig {
+        id: 4,
+        peers: [(4, "127.0.0.1:7004".to_owned())].into_iter().collect(),
+        data_dir: dir.path().join("node4"),
+        force_new_cluster: true,
+        ..NodeConfig::default()
+    };
+    match config.join_members("http://127.0.0.1:1").await.unwrap_err() {
+        JoinError::Config(err) => {
+            assert_eq!(err.field, "force_new_cluster", "{err}");
+            assert!(err.message.contains("--join"), "{err}");
+        }
+        other => panic!("expected a config error, got {other}"),
+    }
+    let path = dir.path().join("node.toml");
+    std::fs::write(&path, "force_new_cluster = true\n").unwrap();
+    assert!(NodeConfig::from_file(&path).unwrap().force_new_cluster);
+}
+
 /// Goal: the member list must name this node at its own address, unless its log decides.
 /// Method: check lists that lack the node, name it removed, or at another address.
 #[test]
@@ -388,6 +414,7 @@ fn join_list_must_name_this_node_at_its_address() {
         id: 4,
         peer: peer.to_owned(),
         voter: true,
+        role: None,
     };
     let mut list = palisade_client::MemberList::default();
     let err = config.check_join_list(&list, url, false).unwrap_err();
@@ -401,4 +428,38 @@ fn join_list_must_name_this_node_at_its_address() {
     list.removed.push(4);
     let err = config.check_join_list(&list, url, true).unwrap_err();
     assert!(err.message.contains("never reused"), "{err}");
+}
+
+/// Goal: every announce entry the API refuses is refused at configuration time too,
+/// naming the field and the entry (without its password); named and bare entries pass.
+/// Method: validate one hostile entry at a time, then a list with a proxy twice, then a
+/// good named list.
+#[test]
+fn announce_entries_are_checked_by_the_one_rule() {
+    for entry in [
+        "http://u:p@127.0.0.1:1",
+        "http://127.0.0.1:1/#frag",
+        "http://127.0.0.1:1/?q",
+        "ftp://127.0.0.1:1",
+        "node-a=http://127.0.0.1:1",
+        "http://127.0.0.1:1 ",
+    ] {
+        let mut c = valid();
+        c.announce = vec![entry.to_owned()];
+        let err = c.validate().unwrap_err();
+        assert_eq!(err.field, "announce", "{entry}: {err}");
+        assert!(err.message.contains("announce entry"), "{entry}: {err}");
+        assert!(!err.message.contains("u:p"), "{entry}: {err}");
+    }
+    let mut c = valid();
+    c.announce = vec!["http://127.0.0.1:1".into(), "http://127.0.0.1:1/".into()];
+    let err = c.validate().unwrap_err();
+    assert!(err.message.contains("same proxy"), "{err}");
+    c.announce = vec![
+        "proxy-a=http://127.0.0.1:1".into(),
+        "https://proxy-b.example:9443/admin/".into(),
+    ];
+    c.validate().unwrap();
+    c.announce = vec!["x".into(); ANNOUNCE_URLS_MAX + 1];
+    assert!(c.validate().unwrap_err().message.contains("limit"));
 }

@@ -96,9 +96,11 @@ impl NodeConfig {
                 ),
             ));
         }
-        for url in &self.announce {
-            check_announce_url(url)?;
-        }
+        // The one rule of announce entries (`URL` or `NAME=URL`), shared with
+        // `POST /v1/announce`; https announcements trust the cluster CA and present this
+        // node's certificate when `tls` is set, the system's roots otherwise.
+        palisade_protocol::announce::parse_announce_list(&self.announce)
+            .map_err(|err| ConfigError::new("announce", err.to_string()))?;
         if !(TICK_MS_MIN..=TICK_MS_MAX).contains(&self.tick_ms) {
             return Err(ConfigError::new(
                 "tick_ms",
@@ -289,29 +291,4 @@ fn raft_error_field(err: &raft::Error) -> &'static str {
     } else {
         "raft"
     }
-}
-
-fn check_announce_url(url: &str) -> Result<(), ConfigError> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| ConfigError::new("announce", format!("{url:?} is not a URL: {e}")))?;
-    // https announcements trust the cluster CA and present this node's certificate when
-    // `tls` is set (so a proxy admin listener with `client_ca` can require it), and the
-    // system's roots otherwise.
-    if !matches!(uri.scheme_str(), Some("http" | "https")) {
-        return Err(ConfigError::new(
-            "announce",
-            format!("{url:?} must be an http:// or https:// URL"),
-        ));
-    }
-    if uri.authority().is_none() {
-        return Err(ConfigError::new("announce", format!("{url:?} has no host")));
-    }
-    if uri.query().is_some() {
-        return Err(ConfigError::new(
-            "announce",
-            format!("{url:?} must be a base URL without a query"),
-        ));
-    }
-    Ok(())
 }

@@ -238,7 +238,7 @@ fn proposals_other_than_one_conf_change_are_dropped() {
     );
     // A new announce list is a normal entry with its prefix, and passes too.
     let mut announce = propose(&[EntryType::EntryNormal]);
-    announce.mut_entries()[0].data = crate::members::announce_entry(&[]).into();
+    announce.mut_entries()[0].data = crate::members::announce_entry(&[], None).into();
     assert_eq!(guard().check(&announce, &me()), Ok(()));
 }
 

@@ -81,23 +81,32 @@ impl Commands {
     ) -> Result<MemberList, MemberError> {
         let rx = members.clone();
         self.member_change(change.clone()).await?;
-        let removing_self = change == MemberChange::Remove { id: own_id };
+        let removing_self = matches!(change, MemberChange::Remove { id, .. } if id == own_id);
         wait_applied(rx, |l| change.is_done(l) && (!l.joint || removing_self)).await
     }
 
-    /// Replaces the announce list through the loop and waits (at most
-    /// [`MEMBER_CHANGE_TIMEOUT_MS`]) until this node applied it (`announce` shows the list
-    /// the announcers follow).
+    /// Replaces the announce list `seen` with `proxies` (in normal form) through the loop
+    /// and waits (at most [`MEMBER_CHANGE_TIMEOUT_MS`]) until this node applied it
+    /// (`announce` shows the list the announcers follow). [`MemberError::Pending`] when
+    /// the list is no longer `seen`, before or after the proposal: another change came
+    /// first, and this one is refused on every node.
     pub(crate) async fn change_announce(
         &self,
         announce: &watch::Receiver<Vec<String>>,
         proxies: Vec<String>,
+        seen: Vec<String>,
     ) -> Result<Vec<String>, MemberError> {
         let rx = announce.clone();
         let want = proxies.clone();
-        self.member_change(MemberChange::Announce { proxies })
+        let base = seen.clone();
+        self.member_change(MemberChange::Announce { proxies, seen })
             .await?;
-        wait_applied(rx, |l| *l == want).await
+        let now = wait_applied(rx, |l| *l == want || *l != base).await?;
+        if now == want {
+            Ok(now)
+        } else {
+            Err(MemberError::Pending)
+        }
     }
 
     /// Whether the loop is still running (it closes its inbox when it stops).
@@ -188,9 +197,10 @@ impl NodeHandle {
         self.members.clone()
     }
 
-    /// Adds member `id` at peer address `peer` (`HOST:PORT`) through raft's joint
-    /// consensus, and waits until this node applied it (at most
-    /// [`crate::MEMBER_CHANGE_TIMEOUT_MS`]). On a follower the proposal goes to the leader.
+    /// Adds member `id` at peer address `peer` (`HOST:PORT`) as a learner, and waits until
+    /// this node applied it (at most [`crate::MEMBER_CHANGE_TIMEOUT_MS`]). On a follower
+    /// the proposal goes to the leader. The leader promotes the learner to voter once it
+    /// has caught up.
     pub async fn add_member(&self, id: u64, peer: String) -> Result<MemberList, MemberError> {
         let change = MemberChange::Add { id, peer };
         self.commands
@@ -199,9 +209,21 @@ impl NodeHandle {
     }
 
     /// Removes member `id` (never the leader: move leadership first), and waits like
-    /// [`NodeHandle::add_member`]. The id is never accepted again.
+    /// [`NodeHandle::add_member`]. The id is never accepted again. Refused below
+    /// [`crate::VOTERS_SAFE_MIN`] voters (see [`NodeHandle::remove_member_forced`]) and
+    /// when the voters left would have no reachable quorum.
     pub async fn remove_member(&self, id: u64) -> Result<MemberList, MemberError> {
-        let change = MemberChange::Remove { id };
+        self.remove_member_with(id, false).await
+    }
+
+    /// [`NodeHandle::remove_member`], even when fewer than [`crate::VOTERS_SAFE_MIN`]
+    /// voters remain (never without a reachable quorum).
+    pub async fn remove_member_forced(&self, id: u64) -> Result<MemberList, MemberError> {
+        self.remove_member_with(id, true).await
+    }
+
+    async fn remove_member_with(&self, id: u64, force: bool) -> Result<MemberList, MemberError> {
+        let change = MemberChange::Remove { id, force };
         self.commands
             .change_members(&self.members, self.id, change)
             .await

@@ -14,6 +14,7 @@ use tracing::{error, info, warn};
 use super::error::NodeError;
 use super::guard::DropCause;
 use super::inbox::MemberReply;
+use super::promote::Reachability;
 use super::ready::{ElectionLoop, blocking};
 use crate::members::{self, MemberChange, MemberError};
 
@@ -45,6 +46,8 @@ pub(crate) struct Membership {
     /// ([`super::setup::LOG_COMPACT_STEP`] unless a start option says otherwise; at
     /// least 1).
     pub(crate) compact_step: u64,
+    /// Which peers the leader heard from lately (see `promote`).
+    pub(crate) reachability: Reachability,
 }
 
 impl ElectionLoop {
@@ -67,15 +70,28 @@ impl ElectionLoop {
 
     fn propose_member_change(&mut self, change: &MemberChange) -> Result<(), MemberError> {
         let leader = self.leader_id().ok_or(MemberError::NoLeader)?;
-        if let MemberChange::Announce { proxies } = change {
+        if let MemberChange::Announce { proxies, seen } = change {
             if self.membership.leases_on {
                 return Err(MemberError::AnnounceFixed);
             }
-            members::check_announce(proxies)?;
+            let proxies = members::check_announce(proxies)?;
+            // The request retired the proxies missing from `seen`: a list that changed
+            // since may name others, which nobody retired. The API answers `Pending` as
+            // the announce list having changed.
+            if *self.membership.announce_tx.borrow() != *seen {
+                return Err(MemberError::Pending);
+            }
+            // The entry applies only on top of the table's list of now (the flags' list
+            // when the cluster never replaced it), so a change committed in between
+            // (asked of another node) makes every node refuse this one.
+            let base = self.membership.table.announce.clone();
             // A normal entry; a follower forwards it to the leader like a conf change.
             return self
                 .raw_node
-                .propose(Vec::new(), members::announce_entry(proxies))
+                .propose(
+                    Vec::new(),
+                    members::announce_entry(&proxies, base.as_deref()),
+                )
                 .map_err(|e| MemberError::Refused {
                     detail: e.to_string(),
                 });
@@ -85,13 +101,21 @@ impl ElectionLoop {
         if self.raw_node.raft.has_pending_conf() {
             return Err(MemberError::Pending);
         }
+        // Only the leader knows who is reachable; a follower checks what its own
+        // configuration decides, and the leader checks the rest when the proposal arrives.
+        if leader == self.id {
+            self.check_on_leader(change)?;
+        } else {
+            members::check_voter_count(&cs.voters.iter().copied().collect(), change)?;
+        }
         let Some((cc, context)) = members::conf_change(change) else {
             return Err(MemberError::Invalid {
                 detail: "not a membership change".to_owned(),
             });
         };
         // On a follower raft forwards the proposal to the leader (a `MsgPropose`, which
-        // the leader's guard lets through for conf changes only).
+        // the leader's guard lets through for conf changes only, and which the leader
+        // checks like its own requests before raft sees it: `promote`).
         self.raw_node
             .propose_conf_change(context, cc)
             .map_err(|e| MemberError::Refused {
@@ -154,18 +178,21 @@ impl ElectionLoop {
                 return Ok(());
             }
         };
-        let added = cc
-            .get_changes()
-            .iter()
-            .any(|c| c.get_change_type() != raft::eraftpb::ConfChangeType::RemoveNode);
+        // A new id in the table (not a promotion): it catches up from a snapshot.
+        let added = table.records.len() > self.membership.table.records.len();
         let log = self.log.clone();
         let (stored_cs, stored_table) = (cs.clone(), table.clone());
         blocking(move || log.apply_membership(&stored_cs, &stored_table)).await?;
         for c in cc.get_changes() {
             let id = c.node_id;
-            let (change, peer) = match c.get_change_type() {
-                raft::eraftpb::ConfChangeType::RemoveNode => ("remove", None),
-                _ => ("add", table.records.get(&id).map(|r| r.peer.clone())),
+            let peer = table.records.get(&id).map(|r| r.peer.clone());
+            let change = match c.get_change_type() {
+                raft::eraftpb::ConfChangeType::RemoveNode => "remove",
+                raft::eraftpb::ConfChangeType::AddLearnerNode => "add-learner",
+                raft::eraftpb::ConfChangeType::AddNode if self.membership.table.is_member(id) => {
+                    "promote"
+                }
+                raft::eraftpb::ConfChangeType::AddNode => "add",
             };
             info!(
                 event = events::MEMBERSHIP_CHANGED,
@@ -177,6 +204,7 @@ impl ElectionLoop {
                 term = self.raw_node.raft.term,
                 voters = ?cs.voters,
                 voters_outgoing = ?cs.voters_outgoing,
+                learners = ?cs.learners,
                 "membership changed"
             );
         }
@@ -212,14 +240,26 @@ impl ElectionLoop {
     /// announcers. A node with fleet leases stores it but keeps announcing to its flags'
     /// proxies (the API refuses such changes on it; this covers a cluster of mixed flags).
     async fn apply_announce_entry(&mut self, entry: &Entry) -> Result<(), NodeError> {
-        let proxies = match members::parse_announce_entry(&entry.data) {
+        let change = match members::decode_announce_entry(&entry.data) {
             None => return Ok(()),
             Some(Err(err)) => {
                 warn!(node_id = self.id, index = entry.index, cause = %err, "announce list change refused");
                 return Ok(());
             }
-            Some(Ok(proxies)) => proxies,
+            Some(Ok(change)) => change,
         };
+        // Every node decides the same: the table is the same at the same index.
+        if let members::AppliesOn::List(base) = &change.applies_on
+            && *base != self.membership.table.announce
+        {
+            warn!(
+                node_id = self.id,
+                index = entry.index,
+                "announce list change refused: the list changed after it was asked"
+            );
+            return Ok(());
+        }
+        let proxies = change.proxies;
         let mut table = self.membership.table.clone();
         table.announce = Some(proxies.clone());
         table.index = entry.index;

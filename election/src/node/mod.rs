@@ -32,6 +32,9 @@
 //!   quorum confirms this node's leadership (the HTTP side is `crate::api`'s `lease`).
 //! - `membership`: membership changes in the loop (proposing, applying with the members
 //!   table, snapshots), and the wiped-storage stop.
+//! - `promote`: the leader's watch over the membership: who it hears from, promoting
+//!   learners that caught up, leaving a joint configuration, and checking the changes
+//!   followers forward.
 //! - `guard`: the last check of every peer message before `step` (defence in depth).
 //! - `signer`: loading `--token-key` and `--announce-token-file`, and signing proofs.
 
@@ -41,6 +44,7 @@ mod handle;
 mod inbox;
 mod lease_rounds;
 mod membership;
+mod promote;
 mod publish;
 mod ready;
 mod setup;

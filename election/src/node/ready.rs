@@ -244,6 +244,8 @@ impl ElectionLoop {
             let (reply, _) = tokio::sync::oneshot::channel();
             self.start_transfer(Some(to), reply);
         }
+        // The leader leaves a joint configuration, or promotes a learner that caught up.
+        self.membership_tick();
         self.raw_node.tick();
         for t in &mut self.transfers {
             t.ticks_left = t.ticks_left.saturating_sub(1);
@@ -287,6 +289,13 @@ impl ElectionLoop {
                             "peer message dropped before raft saw it"
                         );
                     }
+                    return;
+                }
+                self.membership.reachability.heard(from);
+                // A membership change a follower forwarded: the leader checks it as it
+                // checks its own requests (a reachable quorum after it, three voters).
+                if let Some(cause) = self.refuse_forwarded(&m) {
+                    warn!(node_id = self.id, from, cause = %cause, "forwarded membership change refused");
                     return;
                 }
                 if let Err(err) = self.raw_node.step(*m) {

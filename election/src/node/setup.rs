@@ -17,6 +17,7 @@ use super::guard::{DropLog, Guard};
 use super::inbox::Msg;
 use super::lease_rounds::{LeaseRounds, lease_gather_interval};
 use super::membership::Membership;
+use super::promote::Reachability;
 use super::ready::ElectionLoop;
 use super::signer::TokenSigner;
 use crate::config::NodeConfig;
@@ -110,6 +111,7 @@ pub(crate) fn spawn(config: &NodeConfig, parts: LoopParts) -> JoinHandle<Result<
             leases_on: config.leases_on(),
             retained: parts.log_entries_retained.unwrap_or(LOG_ENTRIES_RETAINED),
             compact_step: parts.log_entries_retained.unwrap_or(LOG_COMPACT_STEP),
+            reachability: Reachability::new(config.election_ticks),
         },
     };
     tokio::spawn(

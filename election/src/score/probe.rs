@@ -40,7 +40,18 @@ pub(crate) fn spawn_storage_probe(
     let (tx, rx) = watch::channel(None);
     let timeout = Duration::from_millis(STORAGE_PROBE_TIMEOUT_MS);
     let mut admins = Vec::with_capacity(urls.len());
-    for url in urls {
+    for entry in urls {
+        // An entry may name the proxy's credential (`proxy-a=URL`): probe the URL. Entries
+        // were validated at start-up; one that does not parse is skipped like an unusable
+        // URL below.
+        let url = match palisade_protocol::announce::parse_announce_entry(entry) {
+            Ok(parsed) => parsed.url,
+            Err(err) => {
+                warn!(node_id, entry = %err.entry, cause = %err, "cannot probe this proxy; the storage-rtt score stays unknown");
+                continue;
+            }
+        };
+        let url = &url;
         match ProxyAdmin::with_tls(url, tls) {
             Ok(admin) => admins.push((url.clone(), admin.timeout(timeout))),
             // The URLs were validated with the configuration; a proxy the client still

@@ -16,6 +16,7 @@ mod announce;
 mod elections;
 mod lease;
 mod members;
+mod members_safety;
 mod proof;
 mod scores;
 mod tcp;

@@ -12,19 +12,38 @@ use palisade_cluster::wait;
 use palisade_election::{
     MemNetwork, MemberError, Node, NodeConfig, NodeError, NodeHandle, Role, StartOptions,
 };
+use palisade_protocol::MemberList;
 
 use crate::support::{self, memory_db as mem_db};
 
-const TICK_MS: u64 = 100;
+pub(crate) const TICK_MS: u64 = 100;
 /// Longest any step here may take in virtual time: a few election timeouts.
-const STEP: Duration = Duration::from_secs(30);
+pub(crate) const STEP: Duration = Duration::from_secs(30);
 
-fn config(id: u64, ids: &[u64]) -> NodeConfig {
+/// Node `id` of the voters `ids`, ticking every [`TICK_MS`] with an election timeout of 10
+/// ticks.
+pub(crate) fn config(id: u64, ids: &[u64]) -> NodeConfig {
     NodeConfig {
         tick_ms: TICK_MS,
         election_ticks: 10,
         ..support::config(id, ids)
     }
+}
+
+/// Starts node `id` on `net` with an empty log, joining the cluster whose member `list`
+/// (which names it) a member answered.
+pub(crate) async fn start_joining(id: u64, list: MemberList, net: &MemNetwork) -> NodeHandle {
+    Node::start_in_memory_with(
+        config(id, &[id]),
+        mem_db(),
+        net,
+        StartOptions {
+            join: Some(list),
+            ..StartOptions::default()
+        },
+    )
+    .await
+    .unwrap()
 }
 
 fn leader_of(nodes: &BTreeMap<u64, NodeHandle>) -> Option<u64> {
@@ -77,18 +96,7 @@ async fn joined_member_catches_up_from_a_snapshot_and_removed_id_is_never_reused
         .await
         .unwrap();
     assert!(list.members.iter().any(|m| m.id == 4), "{list:?}");
-    let joined = Node::start_in_memory_with(
-        config(4, &[4]),
-        mem_db(),
-        &net,
-        StartOptions {
-            join: Some(list),
-            ..StartOptions::default()
-        },
-    )
-    .await
-    .unwrap();
-    nodes.insert(4, joined);
+    nodes.insert(4, start_joining(4, list, &net).await);
     wait::poll(STEP, || {
         let voter_everywhere = nodes.values().all(|n| {
             let m = n.members().borrow().clone();
@@ -212,15 +220,26 @@ async fn restart_uses_the_stored_members_and_a_foreign_log_is_refused() {
 }
 
 /// Goal: a follower asked to remove itself answers once it applied its removal, and the
-/// rest of the cluster leaves the joint configuration with the two others. Method: three
-/// nodes; a follower removes itself; wait until the leader lists two members, not joint.
+/// rest of the cluster goes on with the two others; going below three voters needs force.
+/// Method: three nodes; a follower removes itself without force (refused), then with
+/// force; wait until the leader lists two members.
 #[tokio::test(start_paused = true)]
 async fn follower_removing_itself_answers_and_the_others_go_on() {
     let net = MemNetwork::new();
     let nodes = start_three(&net).await;
     let leader = leader_of(&nodes).unwrap();
     let follower = *nodes.keys().find(|&&id| id != leader).unwrap();
-    let list = nodes[&follower].remove_member(follower).await.unwrap();
+    assert_eq!(
+        nodes[&follower].remove_member(follower).await,
+        Err(MemberError::BelowSafeMinimum {
+            id: follower,
+            voters: 2
+        })
+    );
+    let list = nodes[&follower]
+        .remove_member_forced(follower)
+        .await
+        .unwrap();
     assert!(list.removed.contains(&follower), "{list:?}");
     wait::poll(STEP, || {
         let m = nodes[&leader].members().borrow().clone();

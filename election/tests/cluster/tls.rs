@@ -39,7 +39,8 @@ fn config(id: u64, peers: &BTreeMap<u64, String>, dir: &Path) -> NodeConfig {
 }
 
 /// Three nodes with mutual TLS, and the directory holding their data and certificates
-/// (`pki/`: the CA, `node-1`..`node-4`, `client`).
+/// (`pki/`: the CA, `node-1`..`node-4`, `writer-client`, and `client`, a name without a
+/// role).
 struct Cluster {
     dir: tempfile::TempDir,
     nodes: Vec<NodeHandle>,
@@ -56,7 +57,14 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         Pki::issue(
             &dir.path().join("pki"),
-            &["node-1", "node-2", "node-3", "node-4", "client"],
+            &[
+                "node-1",
+                "node-2",
+                "node-3",
+                "node-4",
+                "writer-client",
+                "client",
+            ],
         )
         .unwrap();
         let peers = loopback_peers(voters);
@@ -212,10 +220,11 @@ async fn a_certificate_for_node_2_cannot_claim_node_1() {
     cluster.shutdown().await;
 }
 
-/// Goal: with TLS on, the node API refuses a call without a client certificate and
-/// serves one with a certificate from the CA (whatever its name).
-/// Method: the Rust client's `NodeApi` over HTTPS, trusting the CA, without and with the
-/// `client` identity.
+/// Goal: with TLS on, the node API refuses a call without a client certificate, serves
+/// one with a certificate from the CA whose name carries a role the route admits (a
+/// writer reads leadership), and answers 403 `forbidden-role` to a certificate from the
+/// CA whose name carries no role. Method: the Rust client's `NodeApi` over HTTPS,
+/// trusting the CA, without an identity, as `writer-client` and as `client`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_api_needs_a_client_certificate() {
     let cluster = Cluster::start().await;
@@ -227,13 +236,20 @@ async fn the_node_api_needs_a_client_certificate() {
         refused.is_err(),
         "served without a client certificate: {refused:?}"
     );
-    let identified = pki.client_tls(Some("client")).unwrap();
+    let identified = pki.client_tls(Some("writer-client")).unwrap();
     let view = NodeApi::with_tls(&url, &identified)
         .unwrap()
         .leader()
         .await
         .unwrap();
     assert_eq!(view.node_id, 1);
+    let no_role = pki.client_tls(Some("client")).unwrap();
+    let refused = NodeApi::with_tls(&url, &no_role).unwrap().leader().await;
+    let problem = refused.as_ref().err().and_then(|e| e.problem());
+    assert!(
+        problem.is_some_and(|p| p.status == 403 && p.kind() == "forbidden-role"),
+        "a certificate naming no role: {refused:?}"
+    );
     let plain = NodeApi::new(&format!("http://{}", cluster.nodes[0].api_addr().unwrap()))
         .unwrap()
         .leader()

@@ -154,6 +154,10 @@ pub struct Route {
     /// Allow `Upgrade` requests (WebSocket and the like) on this route. They are fenced
     /// writes unless `class = "read"`. Off: an upgrade is refused with 405.
     pub upgrade: bool,
+    /// Let GET and HEAD requests of this route carry a body (search APIs that take
+    /// their query as a GET body). Off: such a request is refused with 400
+    /// `body-on-read`, as a GET body has no meaning in HTTP and is a smuggling vector.
+    pub read_bodies: bool,
 }
 
 /// A route's fixed classification.

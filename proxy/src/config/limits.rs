@@ -15,6 +15,10 @@ pub const ADMIN_CONNECTIONS_MAX_DEFAULT: usize = 64;
 pub const LEASE_RENEW_TIMEOUT_MS_DEFAULT: u64 = 1_000;
 /// Default of `limits.admin_header_read_timeout_ms`.
 pub const ADMIN_HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+/// Default of `limits.body_arrival_timeout_ms`: 10 s for a body of at most 64 KiB (or a
+/// larger body's first frame) to arrive before its request takes an upstream slot. A
+/// client on a 52 kbit/s link sends 64 KiB in that time.
+pub const BODY_ARRIVAL_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 
 /// Limits. Each bounds something a client or an upstream could otherwise grow without end.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -45,6 +49,17 @@ pub struct Limits {
     /// Body bytes held by the proxy at once, over all connections: read from clients but
     /// not yet taken by the upstream. At the cap, connections wait before reading more.
     pub body_buffer_bytes_max: u64,
+    /// Time the part of a body read before its request takes an upstream slot has to
+    /// arrive, counted from admission, in milliseconds: the whole body when its
+    /// `Content-Length` is at most 64 KiB, else its first frame. Slower: 408, and
+    /// nothing is forwarded. So a client that trickles a small body never holds a slot.
+    pub body_arrival_timeout_ms: u64,
+    /// Requests without a fencing token (reads, unless `fence_reads`) whose body is still
+    /// arriving when they go upstream, at once. Each holds an upstream slot while its
+    /// client sends; more wait for one of them, up to `upstream_connect_timeout_ms`, then
+    /// 503. Absent (the default): half of `upstream_requests_max` (at least 1), so that
+    /// slow anonymous bodies leave the other half of the slots to fenced writes.
+    pub unfenced_streams_max: Option<usize>,
     /// Connections open at once on the admin listener. Its own limit, so the data port
     /// cannot lock the operator or the announce out.
     pub admin_connections_max: usize,
@@ -93,6 +108,8 @@ impl Default for Limits {
             body_bytes_max: None,
             body_idle_timeout_ms: 30_000,
             body_buffer_bytes_max: BODY_BUFFER_BYTES_MAX_DEFAULT,
+            body_arrival_timeout_ms: BODY_ARRIVAL_TIMEOUT_MS_DEFAULT,
+            unfenced_streams_max: None,
             admin_connections_max: ADMIN_CONNECTIONS_MAX_DEFAULT,
             admin_header_read_timeout_ms: ADMIN_HEADER_READ_TIMEOUT_MS_DEFAULT,
             upstream_connect_timeout_ms: 5_000,
@@ -117,6 +134,13 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// `unfenced_streams_max`, or its default: half of `upstream_requests_max`, at
+    /// least 1.
+    pub fn unfenced_streams_max(&self) -> usize {
+        self.unfenced_streams_max
+            .unwrap_or((self.upstream_requests_max / 2).max(1))
+    }
+
     /// Checks every limit; the error names the field.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let positive = [
@@ -128,6 +152,7 @@ impl Limits {
                 self.client_write_timeout_ms,
             ),
             ("limits.body_idle_timeout_ms", self.body_idle_timeout_ms),
+            ("limits.body_arrival_timeout_ms", self.body_arrival_timeout_ms),
             ("limits.body_buffer_bytes_max", self.body_buffer_bytes_max),
             (
                 "limits.admin_connections_max",
@@ -171,6 +196,26 @@ impl Limits {
                 "limits.body_bytes_max",
                 "must be greater than 0 (leave it out for no cap)",
             ));
+        }
+        match self.unfenced_streams_max {
+            Some(0) => {
+                return Err(invalid(
+                    "limits.unfenced_streams_max",
+                    "must be greater than 0 (leave it out for half of limits.upstream_requests_max)",
+                ));
+            }
+            Some(max) if max > self.upstream_requests_max => {
+                return Err(invalid(
+                    "limits.unfenced_streams_max",
+                    format!(
+                        "{max} is above limits.upstream_requests_max ({}): streams hold upstream \
+                         slots, so at most that many can run; set it below to keep slots for \
+                         fenced writes",
+                        self.upstream_requests_max
+                    ),
+                ));
+            }
+            _ => {}
         }
         if u32::try_from(self.header_bytes_max).is_err() {
             return Err(invalid("limits.header_bytes_max", "must fit in 32 bits"));

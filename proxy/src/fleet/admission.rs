@@ -197,25 +197,28 @@ async fn admit(
                 Err(reason) => reason,
                 Ok(()) => "the lease granted lapsed before the request could use it".to_owned(),
             };
-            metrics::counter!(m::LEASE_EXPIRED_REFUSALS).increment(1);
-            return Err(ProxyError::LeaseExpired {
-                scope: scope.to_owned(),
-                presented: token,
-                reason,
-            });
+            return Err(lease_expired(lease, scope, token, reason));
         }
         let result = lease.renewed_since(seen).await;
         if let Err(reason) = &result
             && lease.current().is_none()
         {
-            metrics::counter!(m::LEASE_EXPIRED_REFUSALS).increment(1);
-            return Err(ProxyError::LeaseExpired {
-                scope: scope.to_owned(),
-                presented: token,
-                reason: reason.clone(),
-            });
+            return Err(lease_expired(lease, scope, token, reason.clone()));
         }
         renewal = Some(result);
+    }
+}
+
+/// The 503 of a request that found no lease, counted. Its reason is the cluster's
+/// refusal when the last round named one an operator must fix (nodes without
+/// `--lease-ms`, a proxy they do not list), since that is the cause whatever this
+/// request's own wait ended on; otherwise `reason`, why the wait ended.
+fn lease_expired(lease: &Lease, scope: &str, token: u64, reason: String) -> ProxyError {
+    metrics::counter!(m::LEASE_EXPIRED_REFUSALS).increment(1);
+    ProxyError::LeaseExpired {
+        scope: scope.to_owned(),
+        presented: token,
+        reason: lease.refusal().unwrap_or(reason),
     }
 }
 

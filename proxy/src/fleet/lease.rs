@@ -38,6 +38,9 @@ pub(crate) struct Lease {
     scope: OnceLock<Scope>,
     renewals: AtomicU64,
     failures: AtomicU64,
+    /// Why the cluster refuses this proxy a lease, from the last finished round, when its
+    /// answers name a configuration an operator must fix (see [`Lease::set_refusal`]).
+    refusal: Mutex<Option<String>>,
     /// Requests that need a renewal now wake the renewal task with it.
     pub(super) demand: Notify,
     rounds: watch::Sender<Round>,
@@ -71,6 +74,7 @@ impl Lease {
             scope: OnceLock::new(),
             renewals: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            refusal: Mutex::new(None),
             demand: Notify::new(),
             rounds: watch::Sender::new(Round::default()),
             started: AtomicU64::new(0),
@@ -250,6 +254,33 @@ impl Lease {
         metrics::gauge!(m::LEASE_VALID).set(valid);
     }
 
+    /// Why the cluster refuses this proxy a lease, when the last round said so: for the
+    /// 503s of the data path, `/healthz` and the status page.
+    pub(crate) fn refusal(&self) -> Option<String> {
+        self.refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records what the last round's answers say an operator must fix (`None`: nothing,
+    /// or a grant). A change is logged, at error level while there is a refusal: the
+    /// first round runs at start, so a misconfigured cluster is named in the log at
+    /// start-up, once, not at every round.
+    pub(super) fn set_refusal(&self, refusal: Option<String>) {
+        let mut held = self.refusal.lock().unwrap_or_else(PoisonError::into_inner);
+        if *held == refusal {
+            return;
+        }
+        if let Some(why) = &refusal {
+            tracing::error!(event = events::LEASE_REFUSED, cause = %why,
+                "the cluster grants this proxy no lease: every fenced write of its scope is refused with 503 until this is fixed");
+        } else {
+            tracing::info!("the cluster's refusal is over: leases can be granted again");
+        }
+        *held = refusal;
+    }
+
     /// The admin API's view.
     pub(crate) fn view(&self) -> LeaseView {
         let snapshot = self.current();
@@ -263,6 +294,7 @@ impl Lease {
                 .map_or(0, |s| s.expiry_ns.saturating_sub(self.now_ns()) / 1_000_000),
             renewals: self.renewals.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
+            refusal: self.refusal(),
         }
     }
 }

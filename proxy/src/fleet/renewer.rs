@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use palisade_client::{ClientError, NodeApi, backoff};
 use palisade_protocol::lease::{LEASES_OFF, LeaseGrant, LeaseRequest, NOT_LEADER, UNKNOWN_PROXY};
-use palisade_protocol::process::events;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -178,20 +177,27 @@ impl Renewer {
         match outcome {
             Ok((index, grant)) => {
                 *preferred = Some(index);
+                self.lease.set_refusal(None);
                 Ok(grant)
             }
             Err(answers) => {
                 *preferred = None;
+                let refused = |kind: &str| -> Vec<String> {
+                    answers
+                        .iter()
+                        .filter(|(_, reason, _)| *reason == kind)
+                        .map(|(index, _, _)| self.nodes[*index].url())
+                        .collect()
+                };
+                self.lease.set_refusal(refusal(
+                    &refused(LEASES_OFF),
+                    &refused(UNKNOWN_PROXY),
+                    &request.proxy,
+                ));
                 let answers: Vec<String> = answers
                     .iter()
                     .map(|(index, reason, err)| {
-                        let url = self.nodes[*index].url();
-                        if *reason == UNKNOWN_PROXY || *reason == LEASES_OFF {
-                            tracing::warn!(event = events::LEASE_REFUSED, node = %url,
-                                proxy = %request.proxy, reason, cause = %err,
-                                "the node refuses this proxy a lease");
-                        }
-                        format!("{url} ({reason}): {err}")
+                        format!("{} ({reason}): {err}", self.nodes[*index].url())
                     })
                     .collect();
                 Err(format!(
@@ -318,6 +324,29 @@ where
             (index, reason, err)
         })
         .collect())
+}
+
+/// What a failed round's answers say an operator must fix, in words: nodes that grant
+/// no leases (`leases_off`, started without `--lease-ms`), nodes that do not list this
+/// proxy (`unknown`, named `proxy` in its requests); `None` when neither.
+pub(super) fn refusal(leases_off: &[String], unknown: &[String], proxy: &str) -> Option<String> {
+    let mut parts = Vec::new();
+    if !leases_off.is_empty() {
+        parts.push(format!(
+            "the cluster grants no leases: node {} answered 409 {LEASES_OFF}, as a node \
+             started without --lease-ms does; start every node with --lease-ms to use a \
+             proxy fleet",
+            leases_off.join(", ")
+        ));
+    }
+    if !unknown.is_empty() {
+        parts.push(format!(
+            "node {} answered 403 {UNKNOWN_PROXY}: this proxy ({proxy}) is not in its \
+             --announce list; add it there, or set --fleet-name to the URL listed",
+            unknown.join(", ")
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// The metrics label of a node's refusal.

@@ -543,3 +543,69 @@ async fn a_write_renewal_replaces_a_timer_renewal_stuck_on_a_paused_node() {
     stop.send(true).unwrap();
     task.await.unwrap();
 }
+
+/// Goal: a cluster whose nodes grant no leases (started without `--lease-ms`) is named
+/// as such, `--lease-ms` included, in the lease's refusal (which `/healthz` and the
+/// status page show) and in every 503 a write then gets, also one whose own wait ended
+/// on the renewal timeout; a grant clears it.
+/// Method: a fake node answering 409 `leases-off`; run the renewal task; write twice;
+/// then the node grants; wait for the refusal to clear.
+#[tokio::test]
+async fn a_cluster_without_leases_is_named_in_every_503_until_it_grants() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fencer, lease) = fleet_fencer(&dir, 300);
+    let term = Arc::new(AtomicU64::new(0));
+    let serving = Arc::clone(&term);
+    let app = axum::Router::new().route(
+        palisade_protocol::lease::LEASE_PATH,
+        axum::routing::post(move || {
+            let term = serving.load(Ordering::SeqCst);
+            async move {
+                if term == 0 {
+                    let problem = palisade_protocol::Problem::new(
+                        http::StatusCode::CONFLICT,
+                        palisade_protocol::lease::LEASES_OFF,
+                        "node 1 runs without --lease-ms",
+                    );
+                    return Err(palisade_server::ApiProblem::from(problem));
+                }
+                Ok(axum::Json(grant(term, 3_000).unwrap()))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let renewer = Renewer {
+        lease: Arc::clone(&lease),
+        fencer: Arc::clone(&fencer),
+        nodes: vec![NodeApi::new(&url).unwrap()],
+        name: "http://127.0.0.1:1".to_owned(),
+    };
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(renewer.run(stopped));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while lease.refusal().is_none() {
+        assert!(std::time::Instant::now() < deadline, "no refusal recorded");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let refusal = lease.refusal().unwrap();
+    assert!(
+        refusal.contains("--lease-ms") && refusal.contains(&url),
+        "{refusal}"
+    );
+    assert_eq!(lease.view().refusal.as_deref(), Some(refusal.as_str()));
+    for _ in 0..2 {
+        let err = admit(&fencer, &lease, "s", 1).await.err().unwrap();
+        assert!(matches!(err, ProxyError::LeaseExpired { .. }), "{err}");
+        assert!(err.to_string().contains(&refusal), "{err}");
+    }
+    term.store(4, Ordering::SeqCst);
+    while lease.refusal().is_some() {
+        assert!(std::time::Instant::now() < deadline, "the refusal stayed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(admit(&fencer, &lease, "s", 4).await.is_ok());
+    stop.send(true).unwrap();
+    task.await.unwrap();
+}

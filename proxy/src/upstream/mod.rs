@@ -82,6 +82,12 @@ pub(crate) struct HttpUpstream {
     /// How long a request may wait for a permit: part of getting a connection, so
     /// `limits.upstream_connect_timeout_ms`.
     permit_timeout: Duration,
+    /// One permit per request without a fencing token whose body is still arriving when
+    /// it goes upstream (`limits.unfenced_streams_max`), taken before its slot: slow
+    /// anonymous bodies can hold no more slots than this, and the rest stay free for
+    /// fenced writes.
+    unfenced_streams: Semaphore,
+    unfenced_streams_max: usize,
 }
 
 impl HttpUpstream {
@@ -141,6 +147,8 @@ impl HttpUpstream {
             permits: Semaphore::new(limits.upstream_requests_max),
             requests_max: limits.upstream_requests_max,
             permit_timeout: Duration::from_millis(limits.upstream_connect_timeout_ms),
+            unfenced_streams: Semaphore::new(limits.unfenced_streams_max()),
+            unfenced_streams_max: limits.unfenced_streams_max(),
         })
     }
 
@@ -209,6 +217,10 @@ impl HttpUpstream {
     /// `upgrade` is the client connection's upgrade, for a request its route lets
     /// upgrade: when the upstream switches protocols (101) the answer comes with the
     /// [`Tunnel`] to run between the two upgraded connections.
+    ///
+    /// `unfenced_stream`: the request has no fencing token and its body is still
+    /// arriving; it takes one of `limits.unfenced_streams_max` permits before its slot,
+    /// and holds both until the answer's head.
     #[expect(
         clippy::manual_async_fn,
         reason = "an `async fn` keeps its arguments twice"
@@ -218,6 +230,7 @@ impl HttpUpstream {
         request: Request<UpstreamBody>,
         exchange: Option<&Arc<Exchange>>,
         upgrade: Option<OnUpgrade>,
+        unfenced_stream: bool,
     ) -> impl Future<Output = Result<(Response<ProxyBody>, Option<Tunnel>), ProxyError>> {
         // Not an `async fn`, which would keep `request` twice in its future (as passed,
         // and bound again inside) for as long as the request is in flight.
@@ -229,6 +242,11 @@ impl HttpUpstream {
                     self.requests_max,
                     self.permit_timeout.as_millis()
                 ))
+            };
+            let _stream = if unfenced_stream {
+                Some(self.unfenced_stream_permit().await?)
+            } else {
+                None
             };
             // A free permit (the usual case) is taken without starting a timer.
             let _permit = match self.permits.try_acquire() {
@@ -246,6 +264,7 @@ impl HttpUpstream {
             let (response, mut conn) =
                 result.ok_or(ProxyError::UpstreamTimeout { timeout_ms })??;
             let (mut parts, body) = response.into_parts();
+            refuse_transfer_codings(&parts.headers)?;
             let switched = parts.status == http::StatusCode::SWITCHING_PROTOCOLS;
             let tunnel = match (switched, upgrade) {
                 (true, Some(client)) => {
@@ -317,6 +336,22 @@ impl Tunnel {
 }
 
 impl HttpUpstream {
+    /// A permit of `limits.unfenced_streams_max`: at once when one is free, else within
+    /// the connect timeout, like a slot.
+    async fn unfenced_stream_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, ProxyError> {
+        if let Ok(permit) = self.unfenced_streams.try_acquire() {
+            return Ok(permit);
+        }
+        let full = || ProxyError::UnfencedStreamsFull {
+            max: self.unfenced_streams_max,
+            waited_ms: u64::try_from(self.permit_timeout.as_millis()).unwrap_or(u64::MAX),
+        };
+        tokio::time::timeout(self.permit_timeout, self.unfenced_streams.acquire())
+            .await
+            .map_err(|_| full())?
+            .map_err(|_| full())
+    }
+
     /// Sends the request and waits for the response head, until the upstream has been
     /// quiet for the upstream timeout: no answer and no body taken for that long. `None`
     /// is that timeout. Getting a connection counts as part of the wait.
@@ -452,6 +487,20 @@ impl HttpUpstream {
                 .ok()
                 .and_then(|s| s.parse::<IpAddr>().ok())
                 .is_some_and(|ip| self.trusted_proxies.contains(&ip))
+    }
+}
+
+/// Refuses an answer whose body has transfer codings besides `chunked` (`gzip,
+/// chunked`): hyper undoes only `chunked`, and the proxy re-frames the body for its own
+/// hop, so the other codings would be lost and the client would get bytes it cannot
+/// read. Most answers have no `Transfer-Encoding` or just `chunked`: one lookup.
+fn refuse_transfer_codings(headers: &HeaderMap) -> Result<(), ProxyError> {
+    match crate::framing::unsupported_codings(headers) {
+        None => Ok(()),
+        Some(codings) => Err(ProxyError::Upstream(format!(
+            "the upstream's answer has Transfer-Encoding {codings:?}; the proxy forwards \
+             only chunked, and would have to drop the other codings"
+        ))),
     }
 }
 

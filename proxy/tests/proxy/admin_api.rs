@@ -36,14 +36,8 @@ async fn fences_round_trip_through_the_typed_api() {
         (first.scope.as_str(), first.token, first.advanced),
         ("jobs", 7, true)
     );
-    let again: AdvanceResponse = h
-        .advance("jobs", 7, None)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let again = h.advance("jobs", 7, None).send().await.unwrap();
+    let again: AdvanceResponse = again.json().await.unwrap();
     assert!(!again.advanced);
 
     let list = h.fences().await;

@@ -69,6 +69,17 @@ pub struct Setup<'a> {
     pub barrier_timeout_ms: Option<u64>,
 }
 
+impl<'a> Setup<'a> {
+    /// Secured as a cluster's proxy is: proofs of `key` and the admin token.
+    pub fn secured(key: &'a Key) -> Self {
+        Self {
+            keys: vec![key],
+            admin_token: true,
+            ..Self::default()
+        }
+    }
+}
+
 /// A proxy on ephemeral ports, its data directory, and a client.
 pub struct Harness {
     pub proxy: ProxyHandle,

@@ -37,12 +37,7 @@ async fn unauthorized(response: Response, detail: &str) {
 async fn forged_tokens_are_401_and_move_nothing() {
     let key = Key::generate();
     let stranger = Key::generate();
-    let h = Harness::start(Setup {
-        keys: vec![&key],
-        admin_token: true,
-        ..Setup::default()
-    })
-    .await;
+    let h = Harness::start(Setup::secured(&key)).await;
     let real = h
         .put("/real", 5, Some(&key.proof("default", 5)))
         .send()
@@ -131,12 +126,7 @@ async fn valid_proofs_are_admitted_by_either_key_of_a_rotation() {
 #[tokio::test]
 async fn admin_advance_needs_a_proof_or_the_bearer() {
     let key = Key::generate();
-    let h = Harness::start(Setup {
-        keys: vec![&key],
-        admin_token: true,
-        ..Setup::default()
-    })
-    .await;
+    let h = Harness::start(Setup::secured(&key)).await;
     let bare = h.advance("jobs", 9, None).send().await.unwrap();
     unauthorized(bare, "no Authorization header").await;
     let wrong = h
@@ -273,12 +263,7 @@ async fn keys_without_an_admin_token_fail_closed() {
 #[tokio::test]
 async fn reset_lowers_the_fence_with_the_bearer_and_is_counted() {
     let key = Key::generate();
-    let h = Harness::start(Setup {
-        keys: vec![&key],
-        admin_token: true,
-        ..Setup::default()
-    })
-    .await;
+    let h = Harness::start(Setup::secured(&key)).await;
     let max = h
         .advance("default", u64::MAX, None)
         .bearer_auth(ADMIN_TOKEN);

@@ -24,6 +24,17 @@ fn register_on(dir: &tempfile::TempDir, scopes_max: usize) -> (Arc<redb::Databas
     (db, fences)
 }
 
+/// A register in `dir` with `orders` at 10, and redb's only write transaction, held: any
+/// call that writes blocks until it is dropped.
+fn orders_at_10_with_the_writer_held(
+    dir: &tempfile::TempDir,
+) -> (FenceRegister, redb::WriteTransaction) {
+    let (db, fences) = register_on(dir, SCOPES_MAX_DEFAULT);
+    fences.advance("orders", 10).unwrap();
+    let writer = db.begin_write().unwrap();
+    (fences, writer)
+}
+
 /// Presents each `(scope, token)` in order and asserts the outcome given beside it.
 fn advances(fences: &FenceRegister, steps: &[(&str, u64, Advance)]) {
     for (i, &(scope, token, expected)) in steps.iter().enumerate() {
@@ -234,10 +245,7 @@ fn list_is_sorted_by_scope() {
 #[test]
 fn equal_and_lower_tokens_do_no_disk_io() {
     let dir = tempfile::tempdir().unwrap();
-    let (db, fences) = register_on(&dir, SCOPES_MAX_DEFAULT);
-    fences.advance("orders", 10).unwrap();
-
-    let writer = db.begin_write().unwrap();
+    let (fences, writer) = orders_at_10_with_the_writer_held(&dir);
     let (done_tx, done_rx) = mpsc::channel();
     let probe = fences.clone();
     let memory_only = std::thread::spawn(move || {
@@ -383,9 +391,7 @@ fn reset_to_any_value_and_the_scope_limit() {
 #[test]
 fn reset_waits_for_the_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let (db, fences) = register_on(&dir, SCOPES_MAX_DEFAULT);
-    fences.advance("orders", 10).unwrap();
-    let writer = db.begin_write().unwrap();
+    let (fences, writer) = orders_at_10_with_the_writer_held(&dir);
     let (done_tx, done_rx) = mpsc::channel();
     let probe = fences.clone();
     let resetting = std::thread::spawn(move || {

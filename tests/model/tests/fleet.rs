@@ -39,6 +39,9 @@ enum Search {
     DfsSymmetric,
 }
 
+/// The paths to the properties a check discovered, by name.
+type Discoveries = HashMap<&'static str, Path<FleetState, Action>>;
+
 /// What a check found.
 struct Outcome {
     /// Distinct states visited (after symmetry reduction, where used).
@@ -47,7 +50,19 @@ struct Outcome {
     /// discovered), not by a limit.
     done: bool,
     /// The paths to the properties discovered, by name.
-    discoveries: HashMap<&'static str, Path<FleetState, Action>>,
+    discoveries: Discoveries,
+}
+
+/// What a finished checker counted: states generated, unique states, the maximum depth,
+/// whether it is done, and its discoveries.
+fn counts(checker: &impl Checker<FleetModel>) -> (usize, usize, usize, bool, Discoveries) {
+    (
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        checker.is_done(),
+        checker.discoveries(),
+    )
 }
 
 /// Runs a check of the model to its end (or to a discovery of every property) and
@@ -57,28 +72,8 @@ fn check(name: &str, bounds: Bounds, search: Search) -> Outcome {
     let started = Instant::now();
     let builder = FleetModel::new(bounds).checker().threads(threads);
     let (generated, unique, depth, done, discoveries) = match search {
-        Search::Bfs => {
-            let checker = builder.spawn_bfs().join();
-            let found = checker.discoveries();
-            (
-                checker.state_count(),
-                checker.unique_state_count(),
-                checker.max_depth(),
-                checker.is_done(),
-                found,
-            )
-        }
-        Search::DfsSymmetric => {
-            let checker = builder.symmetry().spawn_dfs().join();
-            let found = checker.discoveries();
-            (
-                checker.state_count(),
-                checker.unique_state_count(),
-                checker.max_depth(),
-                checker.is_done(),
-                found,
-            )
-        }
+        Search::Bfs => counts(&builder.spawn_bfs().join()),
+        Search::DfsSymmetric => counts(&builder.symmetry().spawn_dfs().join()),
     };
     println!(
         "{name}: {bounds:?}, {search:?}: {generated} states generated, {unique} unique, max depth {depth}, {:.1} s on {threads} threads",
@@ -135,7 +130,13 @@ fn check_design(proxies: usize, search: Search) -> usize {
 
 /// Checks a broken release rule and returns the counterexample's last state.
 fn find_violation(name: &str, wait: ReleaseWait) -> FleetState {
-    let mut outcome = check(name, bounds(2, wait), Search::Bfs);
+    find_violation_within(name, bounds(2, wait))
+}
+
+/// Checks the model within `bounds`, which break a rule, and returns the
+/// counterexample's last state.
+fn find_violation_within(name: &str, bounds: Bounds) -> FleetState {
+    let mut outcome = check(name, bounds, Search::Bfs);
     let Some(path) = outcome.discoveries.remove(PROP_ORDERED) else {
         panic!("{name}: no counterexample found (done: {})", outcome.done);
     };
@@ -226,15 +227,7 @@ fn releasing_the_barrier_on_an_upstream_error_lets_a_stale_write_land_last() {
     let mut bounds = bounds(2, ReleaseWait::Full);
     bounds.barrier_lets_go_on_error = true;
     let name = "barrier lets go on an upstream error";
-    let mut outcome = check(name, bounds, Search::Bfs);
-    let Some(path) = outcome.discoveries.remove(PROP_ORDERED) else {
-        panic!("{name}: no counterexample found (done: {})", outcome.done);
-    };
-    let last = print_trace(path);
-    assert!(
-        last.out_of_order,
-        "{name}: the trace does not end in the violation"
-    );
+    let last = find_violation_within(name, bounds);
     assert!(
         last.since_election < Some(FleetModel::new(bounds).bounds.wait_ticks()),
         "{name}: the violation comes through the acknowledgements, before the wait"

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use palisade_cluster::{CLIENT_CERT_NAME, ChildGuard, Cluster, LeaderView, spawn_until_line, wait};
+use palisade_cluster::{ChildGuard, Cluster, LeaderView, WRITER_CERT_NAME, spawn_until_line, wait};
 use palisade_protocol::process::WORKER_READY_LINE;
 use serde::Deserialize;
 
@@ -132,8 +132,8 @@ impl Demo {
             if let Some(trust) = &self.cluster.trust {
                 for (flag, path) in [
                     ("--ca", trust.ca()),
-                    ("--cert", trust.cert(CLIENT_CERT_NAME)),
-                    ("--key", trust.key(CLIENT_CERT_NAME)),
+                    ("--cert", trust.cert(WRITER_CERT_NAME)),
+                    ("--key", trust.key(WRITER_CERT_NAME)),
                 ] {
                     args.push(flag.to_owned());
                     args.push(path.display().to_string());

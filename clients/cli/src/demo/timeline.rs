@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use palisade_cluster::{Cluster, ClusterOptions, ClusterSpec, Fleet};
+use palisade_cluster::{
+    Cluster, ClusterOptions, ClusterSpec, Fleet, OPERATOR_CERT_NAME, WRITER_CERT_NAME,
+};
 
 use super::state::Demo;
 use super::{COOLDOWN, DEMO_SCORE_MARGIN_MS, DemoArgs, LEASE_TICKS, WARMUP, store, verdict};
@@ -79,6 +81,14 @@ pub(super) async fn run(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
             "  secure: peer mutual TLS between nodes, and an https node API that requires client certificates"
         );
         println!("  secure: the proxy's admin API requires a bearer token (admin.token)");
+        println!(
+            "  secure: roles from the certificates' names: nodes node-N, {}, the workers {WRITER_CERT_NAME} (leader views only), the demo's own node API calls {OPERATOR_CERT_NAME}; any other use of a node API route is refused with 403",
+            if fleet {
+                "proxies proxy-N (leases under their own name only)"
+            } else {
+                "the proxy proxy-1"
+            }
+        );
     } else {
         println!(
             "  insecure (--insecure-demo): unsigned tokens, plaintext peers and node APIs, no admin token"

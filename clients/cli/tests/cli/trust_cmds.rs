@@ -12,7 +12,7 @@ use ring::signature::Ed25519KeyPair;
 use rustls::pki_types::PrivatePkcs8KeyDer;
 use rustls::pki_types::pem::PemObject as _;
 
-use super::{Proxy, assert_exit, palisade, stderr, stdout};
+use super::{Proxy, assert_exit, assert_usage_errors, palisade, stderr, stdout};
 
 const ADMIN_TOKEN: &str = "cli-test-admin-token-0123456789";
 
@@ -265,14 +265,5 @@ fn trust_flags_misuse_exits_2() {
         &["leader", "--node", dead, "--cert", "/nonexistent"],
         &["leader", "--node", dead, "--ca", "/nonexistent"],
     ];
-    for args in cases {
-        let output = palisade(args, &[]);
-        assert_eq!(
-            output.status.code(),
-            Some(2),
-            "palisade {args:?}: stdout {} stderr {}",
-            stdout(&output),
-            stderr(&output)
-        );
-    }
+    assert_usage_errors(cases);
 }

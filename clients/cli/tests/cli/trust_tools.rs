@@ -159,13 +159,13 @@ fn certs_generate_writes_leaves_that_chain_to_the_ca_with_their_names() {
     let dir = tempfile::tempdir().unwrap();
     let output = certs_generate(
         dir.path(),
-        "node-1,node-2,proxy,client",
+        "node-1,node-2,proxy-a,writer-app",
         Some("127.0.0.1,localhost,::1"),
     );
     assert_exit(&output, 0);
     assert_eq!(mode(&dir.path().join("ca.key")), 0o600);
     assert_eq!(mode(&dir.path().join("ca.pem")), 0o644);
-    for name in ["node-1", "node-2", "proxy", "client"] {
+    for name in ["node-1", "node-2", "proxy-a", "writer-app"] {
         assert_eq!(mode(&dir.path().join(format!("{name}.key"))), 0o600);
         // The key is one rustls loads.
         let key =
@@ -185,7 +185,7 @@ fn certs_generate_writes_leaves_that_chain_to_the_ca_with_their_names() {
             .verify_server_cert(&node1, &[], &name, &[], now)
             .unwrap_or_else(|e| panic!("node-1.pem for {host}: {e}"));
     }
-    for host in ["node-2", "proxy", "10.0.0.1"] {
+    for host in ["node-2", "proxy-a", "10.0.0.1"] {
         let name = ServerName::try_from(host).unwrap();
         assert!(
             server
@@ -194,7 +194,7 @@ fn certs_generate_writes_leaves_that_chain_to_the_ca_with_their_names() {
             "node-1.pem must not pass as {host}"
         );
     }
-    for name in ["node-2", "client"] {
+    for name in ["node-2", "writer-app"] {
         client
             .verify_client_cert(&leaf(dir.path(), name), &[], now)
             .unwrap_or_else(|e| panic!("{name}.pem as a client certificate: {e}"));
@@ -214,7 +214,8 @@ fn certs_generate_writes_leaves_that_chain_to_the_ca_with_their_names() {
 
 /// Goal: bad names and hosts exit 2 with a message naming the flag, and write nothing;
 /// an existing file is not overwritten without --force.
-/// Method: odd characters, empty, too long, duplicated, the CA's own name, a bad host.
+/// Method: odd characters, empty, too long, duplicated, the CA's own name, names without
+/// a role prefix, a bad host, a host carrying a role prefix.
 #[test]
 fn certs_generate_refuses_bad_names() {
     let dir = tempfile::tempdir().unwrap();
@@ -225,6 +226,9 @@ fn certs_generate_refuses_bad_names() {
         (&long, None, "--names"),
         ("node-1,node-1", None, "twice"),
         ("ca", None, "--names"),
+        ("client", None, "carries no role"),
+        ("node-1,proxy", None, "carries no role"),
+        ("node-1", Some("operator-box"), "--hosts"),
         ("a/../../etc", None, "--names"),
         ("node-1", Some("bad host!"), "--hosts"),
         ("node-1", Some("ex\u{e4}mple.com"), "--hosts"),

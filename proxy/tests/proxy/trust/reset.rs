@@ -76,11 +76,9 @@ async fn reset_waits_for_writes_in_flight() {
     let mut upstream = HeldUpstream::start().await;
     let h = Arc::new(
         Harness::start(Setup {
-            keys: vec![&key],
-            admin_token: true,
             upstream: Some(upstream.url.clone()),
             barrier_timeout_ms: Some(1_000),
-            ..Setup::default()
+            ..Setup::secured(&key)
         })
         .await,
     );
