@@ -652,7 +652,8 @@ mod tests {
     use tokio::sync::mpsc;
 
     /// A body the test feeds frame by frame; closing the sender ends it. The length it
-    /// declares, if any, is its size hint, as a `Content-Length` is.
+    /// declares, if any, less what it has yielded, is its size hint, as hyper's body of
+    /// a `Content-Length` request gives it.
     struct Fed(mpsc::UnboundedReceiver<Frame<Bytes>>, Option<u64>);
 
     impl Body for Fed {
@@ -663,7 +664,15 @@ mod tests {
             mut self: Pin<&mut Self>,
             cx: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-            self.0.poll_recv(cx).map(|f| f.map(Ok))
+            let frame = ready!(self.0.poll_recv(cx));
+            if let (Some(left), Some(data)) = (&mut self.1, frame.as_ref().and_then(Frame::data_ref)) {
+                *left = left.saturating_sub(data.len() as u64);
+            }
+            Poll::Ready(frame.map(Ok))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.1 == Some(0)
         }
 
         fn size_hint(&self) -> SizeHint {
@@ -958,5 +967,74 @@ mod tests {
         assert!(body.ahead.is_empty(), "nothing read ahead is handed over");
         assert_eq!(limits.budget.available_permits(), 1024);
         drop(tx);
+    }
+
+    /// Goal: what is read ahead must arrive within `limits.body_arrival_timeout_ms`, even
+    /// from a client that is never idle: a small body trickled a byte at a time fails
+    /// with the arrival fault (408), nothing of it is handed over, and its permits are
+    /// released.
+    /// Method: paused time; an arrival timeout of 100 ms and an idle timeout far longer;
+    /// a body declaring 30 bytes that sends one every 40 ms while `read_ahead` waits.
+    #[tokio::test(start_paused = true)]
+    async fn read_ahead_gives_up_at_the_arrival_deadline() {
+        let limits = BodyLimits::new(
+            None,
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            1024,
+        );
+        let (tx, mut body) = fed_declaring(&limits, Some(30));
+        let feeder = tokio::spawn(async move {
+            loop {
+                if tx.send(data(1)).is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        });
+        let started = tokio::time::Instant::now();
+        body.read_ahead().await;
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        assert!(started.elapsed() < Duration::from_secs(60), "not the idle timeout");
+        let fault = body.fault_ahead().expect("the arrival deadline passed");
+        assert!(matches!(fault, BodyFault::Arrival { timeout_ms: 100 }), "{fault}");
+        let err = fault.to_proxy_error();
+        assert_eq!(err.status(), http::StatusCode::REQUEST_TIMEOUT);
+        assert!(err.to_string().contains("limits.body_arrival_timeout_ms"), "{err}");
+        assert!(body.ahead.is_empty(), "nothing read ahead is handed over");
+        assert!(!body.still_arriving());
+        assert_eq!(limits.budget.available_permits(), 1024);
+        drop(body);
+        feeder.await.unwrap();
+    }
+
+    /// Goal: a body's size hint is what it will still yield, frames read ahead
+    /// included, so an upstream request built after the read-ahead is framed with the
+    /// body's whole length (hyper's own body counts only what it has not handed out);
+    /// and a body is "still arriving" exactly until its client has sent all of it.
+    /// Method: a body declaring 10 bytes, 4 sent and read ahead (the other 6 not yet
+    /// sent), then the rest; hints and `still_arriving` at each step.
+    #[tokio::test]
+    async fn size_hint_counts_what_was_read_ahead() {
+        let limits = BodyLimits::new(
+            None,
+            Duration::from_secs(30),
+            Duration::from_secs(30),
+            1024,
+        );
+        let (tx, mut body) = fed_declaring(&limits, Some(10));
+        tx.send(data(4)).unwrap();
+        assert!(poll_fn(|cx| Poll::Ready(body.poll_ahead(cx, true))).await.is_pending());
+        assert_eq!(body.ahead.len(), 1);
+        assert_eq!(body.size_hint().exact(), Some(10));
+        assert!(body.still_arriving());
+        tx.send(data(6)).unwrap();
+        body.read_ahead().await;
+        assert_eq!(body.size_hint().exact(), Some(10));
+        assert!(!body.still_arriving(), "all of it has come");
+        assert!(matches!(poll_once(&mut body), Poll::Ready(Some(Ok(_)))));
+        assert_eq!(body.size_hint().exact(), Some(6));
+        assert!(matches!(poll_once(&mut body), Poll::Ready(Some(Ok(_)))));
+        assert_eq!(body.size_hint().exact(), Some(0));
     }
 }

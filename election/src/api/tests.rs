@@ -377,3 +377,35 @@ fn transfer_errors_map_to_problems() {
     );
     assert!(p.detail.contains("30 ticks"), "{}", p.detail);
 }
+
+/// Goal: `DELETE /v1/members/{id}` takes no body, `{}` or `{"force":true}`, refuses any
+/// other body before the loop (400 `bad-body`), hands the loop the force it was given,
+/// and answers a refusal as its 409 problem. Method: delete with a misspelt body (the
+/// inbox stays empty); delete with `{"force":true}` and with no body, each time taking
+/// the change from the inbox and answering it refused.
+#[tokio::test]
+async fn member_removal_body_and_refusals() {
+    use crate::members::{MemberChange, MemberError};
+    let mut node = TestNode::new(false);
+    let answer = call(node.app(), "DELETE", "/v1/members/3", r#"{"forse":true}"#).await;
+    let problem = answer.problem(StatusCode::BAD_REQUEST);
+    assert_eq!(problem.kind(), "bad-body");
+    assert!(problem.detail.contains("force"), "{}", problem.detail);
+    assert!(node.inbox.as_mut().unwrap().try_recv().is_err());
+    for (body, force) in [(r#"{"force":true}"#, true), ("", false)] {
+        let app = node.app();
+        let mut inbox = node.inbox.take().unwrap();
+        let call = tokio::spawn(call(app, "DELETE", "/v1/members/3", body));
+        let Some(Msg::Member { change, reply }) = inbox.recv().await else {
+            panic!("no membership change reached the loop");
+        };
+        assert_eq!(change, MemberChange::Remove { id: 3, force });
+        reply
+            .send(Err(MemberError::BelowSafeMinimum { id: 3, voters: 2 }))
+            .unwrap();
+        let answer = call.await.unwrap();
+        let problem = answer.problem(StatusCode::CONFLICT);
+        assert_eq!(problem.kind(), "voters-below-three");
+        assert!(problem.detail.contains("--force"), "{}", problem.detail);
+    }
+}

@@ -69,6 +69,9 @@ impl ElectionLoop {
             self.leave_joint();
             return;
         }
+        if cs.learners.is_empty() && cs.learners_next.is_empty() {
+            return;
+        }
         if let Some(id) = self.reach().promotable() {
             self.promote(id);
         }

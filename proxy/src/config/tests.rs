@@ -161,3 +161,42 @@ fn fleet_fields_name_their_field() {
         "http://127.0.0.1:9001"
     );
 }
+
+/// Goal: the limits that keep slow bodies from holding upstream slots read from TOML
+/// with their defaults (10 s to arrive; half the slots for streams without a token),
+/// and a zero, or more streams than slots, is refused naming the field; `read_bodies`
+/// is off unless a route sets it.
+/// Method: parse a file with each field, validate, then break each.
+#[test]
+fn body_arrival_and_unfenced_stream_limits_parse_and_are_checked() {
+    let defaults = Limits::default();
+    assert_eq!(defaults.body_arrival_timeout_ms, 10_000);
+    assert_eq!(defaults.unfenced_streams_max(), 128);
+    let mut c = toml::from_str::<ProxyConfig>(
+        "[limits]\nbody_arrival_timeout_ms = 500\nunfenced_streams_max = 3\n\
+         upstream_requests_max = 4\n\n[[routes]]\nprefix = \"/search/\"\nscope = \"s\"\n\
+         read_bodies = true\n",
+    )
+    .unwrap();
+    c.validate().unwrap();
+    assert_eq!(c.limits.body_arrival_timeout_ms, 500);
+    assert_eq!(c.limits.unfenced_streams_max(), 3);
+    assert!(c.routes[0].read_bodies);
+    assert!(!Route::default().read_bodies);
+
+    c.limits.unfenced_streams_max = Some(5);
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("limits.unfenced_streams_max") && err.contains("upstream_requests_max (4)"),
+        "{err}"
+    );
+    c.limits.unfenced_streams_max = Some(0);
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("limits.unfenced_streams_max"), "{err}");
+    c.limits.unfenced_streams_max = None;
+    c.limits.upstream_requests_max = 1;
+    assert_eq!(c.limits.unfenced_streams_max(), 1, "at least one");
+    c.limits.body_arrival_timeout_ms = 0;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("limits.body_arrival_timeout_ms"), "{err}");
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use palisade_client::{ClientError, NodeApi, backoff};
 use palisade_protocol::lease::{LEASES_OFF, LeaseGrant, LeaseRequest, NOT_LEADER, UNKNOWN_PROXY};
+use palisade_protocol::problem::kind::FORBIDDEN_ROLE;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -192,6 +193,7 @@ impl Renewer {
                 self.lease.set_refusal(refusal(
                     &refused(LEASES_OFF),
                     &refused(UNKNOWN_PROXY),
+                    &refused(FORBIDDEN_ROLE),
                     &request.proxy,
                 ));
                 let answers: Vec<String> = answers
@@ -284,7 +286,9 @@ where
                     Ok(grant) => return Ok((index, grant)),
                     Err((reason, err)) => {
                         metrics::counter!(m::LEASE_REFUSALS, "reason" => reason).increment(1);
-                        let again = reason != UNKNOWN_PROXY && reason != LEASES_OFF;
+                        // A setup error (not listed, no leases, a credential without the proxy role
+                        // or bound to another entry) does not change by asking again.
+                        let again = ![UNKNOWN_PROXY, LEASES_OFF, FORBIDDEN_ROLE].contains(&reason);
                         last[index] = Some((reason, err));
                         if let Some((first, _)) = hedge_at.take() {
                             (0..count)
@@ -328,8 +332,15 @@ where
 
 /// What a failed round's answers say an operator must fix, in words: nodes that grant
 /// no leases (`leases_off`, started without `--lease-ms`), nodes that do not list this
-/// proxy (`unknown`, named `proxy` in its requests); `None` when neither.
-pub(super) fn refusal(leases_off: &[String], unknown: &[String], proxy: &str) -> Option<String> {
+/// proxy (`unknown`, named `proxy` in its requests), nodes that refuse this proxy's
+/// credential (`forbidden`: not a `proxy-` certificate, or not the one its entry is bound
+/// to); `None` when none.
+pub(super) fn refusal(
+    leases_off: &[String],
+    unknown: &[String],
+    forbidden: &[String],
+    proxy: &str,
+) -> Option<String> {
     let mut parts = Vec::new();
     if !leases_off.is_empty() {
         parts.push(format!(
@@ -346,6 +357,14 @@ pub(super) fn refusal(leases_off: &[String], unknown: &[String], proxy: &str) ->
             unknown.join(", ")
         ));
     }
+    if !forbidden.is_empty() {
+        parts.push(format!(
+            "node {} answered 403 {FORBIDDEN_ROLE}: this proxy's certificate may not take \
+             the lease of {proxy}; present the proxy-NAME certificate that the nodes' \
+             --announce entry NAME={proxy} names",
+            forbidden.join(", ")
+        ));
+    }
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
@@ -359,6 +378,7 @@ fn refusal_reason(err: &ClientError) -> &'static str {
             NOT_LEADER => NOT_LEADER,
             UNKNOWN_PROXY => UNKNOWN_PROXY,
             LEASES_OFF => LEASES_OFF,
+            FORBIDDEN_ROLE => FORBIDDEN_ROLE,
             _ => "error",
         },
         ClientError::Unreachable { .. } | ClientError::Indeterminate { .. } => "unreachable",

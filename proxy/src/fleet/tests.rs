@@ -609,3 +609,27 @@ async fn a_cluster_without_leases_is_named_in_every_503_until_it_grants() {
     stop.send(true).unwrap();
     task.await.unwrap();
 }
+
+/// Goal: each kind of setup refusal is named in the lease's refusal with what to fix: no
+/// leases (`--lease-ms`), not listed (`--announce`), and a credential the nodes refuse for
+/// this proxy's lease (the `proxy-NAME` certificate its entry names); none, no refusal.
+#[test]
+fn setup_refusals_name_what_to_fix() {
+    let nodes = |n: &str| vec![n.to_owned()];
+    let proxy = "http://127.0.0.1:8081";
+    assert_eq!(super::renewer::refusal(&[], &[], &[], proxy), None);
+    let off = super::renewer::refusal(&nodes("n1"), &[], &[], proxy).unwrap();
+    assert!(off.contains("--lease-ms") && off.contains("n1"), "{off}");
+    let unknown = super::renewer::refusal(&[], &nodes("n2"), &[], proxy).unwrap();
+    assert!(
+        unknown.contains("--announce") && unknown.contains(proxy),
+        "{unknown}"
+    );
+    let forbidden = super::renewer::refusal(&[], &[], &nodes("n3"), proxy).unwrap();
+    assert!(
+        forbidden.contains("forbidden-role")
+            && forbidden.contains("proxy-NAME")
+            && forbidden.contains("n3"),
+        "{forbidden}"
+    );
+}

@@ -510,3 +510,25 @@ fn plain_paths_take_the_fast_path_with_the_same_readings() {
         assert!(!is_plain(not_plain), "{not_plain:?} should not be plain");
     }
 }
+
+/// Goal: a decision carries whether its route lets GET and HEAD carry a body
+/// (`read_bodies`), which is off everywhere else, `default` included.
+/// Method: classify a GET under a route with `read_bodies = true`, under one without,
+/// and outside both.
+#[test]
+fn read_bodies_comes_from_the_route() {
+    let c = classifier(&ProxyConfig {
+        routes: vec![
+            Route {
+                read_bodies: true,
+                ..route("/search/", "search")
+            },
+            route("/billing/", "billing"),
+        ],
+        ..ProxyConfig::default()
+    });
+    let decide = |uri| c.classify(&head("GET", uri, &[])).unwrap().read_bodies;
+    assert!(decide("/search/q"));
+    assert!(!decide("/billing/a"));
+    assert!(!decide("/other"));
+}
