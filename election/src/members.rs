@@ -152,6 +152,17 @@ pub enum MemberError {
         /// The id.
         id: u64,
     },
+    /// Removing the leader: leadership could not be moved off it first.
+    #[error(
+        "node {id} leads: its removal first moves leadership to another voter, which failed: \
+         {cause}"
+    )]
+    LeaderNotMoved {
+        /// The leader to be removed.
+        id: u64,
+        /// Why the transfer failed.
+        cause: String,
+    },
     /// No leader is known to forward the change to.
     #[error("no leader is known; retry once one is elected")]
     NoLeader,

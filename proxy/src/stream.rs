@@ -104,9 +104,7 @@ pub(crate) enum BodyFault {
     },
     /// What is read ahead of the body did not arrive in time, so the request never took
     /// an upstream slot.
-    #[error(
-        "request body did not arrive within {timeout_ms} ms (limits.body_arrival_timeout_ms)"
-    )]
+    #[error("request body did not arrive within {timeout_ms} ms (limits.body_arrival_timeout_ms)")]
     Arrival {
         /// The limit.
         timeout_ms: u64,
@@ -665,7 +663,9 @@ mod tests {
             cx: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
             let frame = ready!(self.0.poll_recv(cx));
-            if let (Some(left), Some(data)) = (&mut self.1, frame.as_ref().and_then(Frame::data_ref)) {
+            if let (Some(left), Some(data)) =
+                (&mut self.1, frame.as_ref().and_then(Frame::data_ref))
+            {
                 *left = left.saturating_sub(data.len() as u64);
             }
             Poll::Ready(frame.map(Ok))
@@ -755,7 +755,12 @@ mod tests {
     /// on another.
     #[tokio::test]
     async fn the_size_limit_cuts_off_a_body_that_crosses_it() {
-        let limits = BodyLimits::new(Some(10), Duration::from_secs(30), Duration::from_secs(60), 1024);
+        let limits = BodyLimits::new(
+            Some(10),
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+            1024,
+        );
         let (tx, mut within) = fed(&limits);
         tx.send(data(6)).unwrap();
         tx.send(data(4)).unwrap();
@@ -797,7 +802,12 @@ mod tests {
     /// 80 ms more (still alive: the timer was reset), then 100 ms more.
     #[tokio::test(start_paused = true)]
     async fn an_idle_body_is_cut_off_and_progress_resets_the_timer() {
-        let limits = BodyLimits::new(None, Duration::from_millis(100), Duration::from_secs(60), 1024);
+        let limits = BodyLimits::new(
+            None,
+            Duration::from_millis(100),
+            Duration::from_secs(60),
+            1024,
+        );
         let (tx, mut body) = fed(&limits);
         tx.send(data(1)).unwrap();
         assert!(next(&mut body).await.unwrap().is_ok());
@@ -995,12 +1005,21 @@ mod tests {
         let started = tokio::time::Instant::now();
         body.read_ahead().await;
         assert!(started.elapsed() >= Duration::from_millis(100));
-        assert!(started.elapsed() < Duration::from_secs(60), "not the idle timeout");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "not the idle timeout"
+        );
         let fault = body.fault_ahead().expect("the arrival deadline passed");
-        assert!(matches!(fault, BodyFault::Arrival { timeout_ms: 100 }), "{fault}");
+        assert!(
+            matches!(fault, BodyFault::Arrival { timeout_ms: 100 }),
+            "{fault}"
+        );
         let err = fault.to_proxy_error();
         assert_eq!(err.status(), http::StatusCode::REQUEST_TIMEOUT);
-        assert!(err.to_string().contains("limits.body_arrival_timeout_ms"), "{err}");
+        assert!(
+            err.to_string().contains("limits.body_arrival_timeout_ms"),
+            "{err}"
+        );
         assert!(body.ahead.is_empty(), "nothing read ahead is handed over");
         assert!(!body.still_arriving());
         assert_eq!(limits.budget.available_permits(), 1024);
@@ -1016,15 +1035,14 @@ mod tests {
     /// sent), then the rest; hints and `still_arriving` at each step.
     #[tokio::test]
     async fn size_hint_counts_what_was_read_ahead() {
-        let limits = BodyLimits::new(
-            None,
-            Duration::from_secs(30),
-            Duration::from_secs(30),
-            1024,
-        );
+        let limits = BodyLimits::new(None, Duration::from_secs(30), Duration::from_secs(30), 1024);
         let (tx, mut body) = fed_declaring(&limits, Some(10));
         tx.send(data(4)).unwrap();
-        assert!(poll_fn(|cx| Poll::Ready(body.poll_ahead(cx, true))).await.is_pending());
+        assert!(
+            poll_fn(|cx| Poll::Ready(body.poll_ahead(cx, true)))
+                .await
+                .is_pending()
+        );
         assert_eq!(body.ahead.len(), 1);
         assert_eq!(body.size_hint().exact(), Some(10));
         assert!(body.still_arriving());

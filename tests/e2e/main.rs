@@ -67,6 +67,7 @@ mod fleet_no_leases;
 mod fleet_proxy;
 mod proxy_connections;
 mod proxy_fencing;
+mod proxy_framing;
 mod proxy_idle;
 mod proxy_reuseport;
 mod proxy_routing;

@@ -263,3 +263,35 @@ async fn force_new_cluster_brings_back_a_lone_survivor_with_a_higher_token() {
     .expect("the survivor is still the only member");
     settle_and_finish(s, "force a new cluster").await;
 }
+
+/// Goal: `palisade member remove` of the leader works, as etcd's does: leadership moves to
+/// another voter first, then the old leader is removed, and the token only grows.
+/// Method: three nodes with workers; remove the leader through its own API (`--force`:
+/// two voters remain); kill the removed process; wait until every remaining node shows it
+/// removed and a leader of a higher term is announced; check the history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_leader_moves_leadership_first() {
+    let (mut s, leader, _follower, term) = start_three().await;
+    let url = s.cluster.node(leader).unwrap().api_url("");
+    let id = leader.to_string();
+    let (code, out, stderr) = palisade(&[
+        "member", "remove", "--node", &url, "--id", &id, "--force", "--json",
+    ])
+    .await;
+    assert_eq!(code, Some(0), "removing the leader: {stderr}");
+    let list: palisade_client::MemberList = serde_json::from_str(&out).unwrap();
+    assert!(list.removed.contains(&leader), "{list:?}");
+    s.say("the leader was removed through its own API");
+    let i = s
+        .cluster
+        .nodes
+        .iter()
+        .position(|n| n.id() == leader)
+        .unwrap();
+    s.cluster.nodes.remove(i).kill9();
+    wait_members_everywhere(&mut s, leader, Shown::Removed).await;
+    let now = s.wait_announced_leader(term, Some(leader)).await;
+    assert_ne!(now.node_id, leader);
+    assert!(now.term > term, "the token grew: {} after {term}", now.term);
+    settle_and_finish(s, "remove the leader").await;
+}

@@ -31,7 +31,7 @@ enum MemberCommand {
         #[arg(long, value_name = "HOST:PORT")]
         peer: String,
     },
-    /// Remove a member (not the leader: move leadership first); its id is never
+    /// Remove a member (the leader too: leadership moves to another voter first); its id is never
     /// accepted again. Refused when the voters left would have no reachable quorum, and
     /// below three voters unless --force.
     Remove {

@@ -128,6 +128,11 @@ pub(super) fn member_problem(err: &MemberError) -> Problem {
             "quorum-unreachable",
             "The voters left would have no reachable quorum",
         ),
+        E::LeaderNotMoved { .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "leader-not-moved",
+            "Leadership could not be moved off the member",
+        ),
         E::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no-leader", "No leader"),
         E::Refused { .. } => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -26,6 +26,10 @@ pub(crate) struct Commands {
     tx: mpsc::Sender<Msg>,
 }
 
+/// How long a membership change waits before it is proposed again, while a transfer
+/// that had to come first settles on a new leader.
+const MEMBER_RETRY_MS: u64 = 50;
+
 impl Commands {
     /// Commands into the loop that reads `tx`'s inbox.
     pub(crate) fn new(tx: mpsc::Sender<Msg>) -> Self {
@@ -80,9 +84,55 @@ impl Commands {
         change: MemberChange,
     ) -> Result<MemberList, MemberError> {
         let rx = members.clone();
-        self.member_change(change.clone()).await?;
+        match self.member_change(change.clone()).await {
+            // Removing the leader (as etcd's `member remove` does): move leadership to
+            // another voter first, then propose the removal to the new leader.
+            Err(MemberError::IsLeader { id }) => {
+                self.move_leadership_off(id, own_id).await?;
+                self.propose_after_transfer(&change).await?;
+            }
+            other => other?,
+        }
         let removing_self = matches!(change, MemberChange::Remove { id, .. } if id == own_id);
         wait_applied(rx, |l| change.is_done(l) && (!l.joint || removing_self)).await
+    }
+
+    /// Moves leadership off `leader` before its removal: a leader asked to remove itself
+    /// hands over to the best other voter; a follower asks for leadership itself (it stays
+    /// a voter, as it is not the one removed).
+    async fn move_leadership_off(&self, leader: u64, own_id: u64) -> Result<(), MemberError> {
+        let to = (leader != own_id).then_some(own_id);
+        info!(
+            node_id = own_id,
+            leader, "removing the leader: moving leadership first"
+        );
+        self.transfer(to)
+            .await
+            .map(|_| ())
+            .map_err(|err| MemberError::LeaderNotMoved {
+                id: leader,
+                cause: err.to_string(),
+            })
+    }
+
+    /// Proposes `change` once a new leader (after a transfer) can take it: while no leader
+    /// is known yet, or the old one still leads, the proposal is tried again every
+    /// [`MEMBER_RETRY_MS`] until [`MEMBER_CHANGE_TIMEOUT_MS`] passed.
+    async fn propose_after_transfer(&self, change: &MemberChange) -> Result<(), MemberError> {
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(MEMBER_CHANGE_TIMEOUT_MS);
+        loop {
+            match self.member_change(change.clone()).await {
+                Err(
+                    MemberError::NoLeader
+                    | MemberError::IsLeader { .. }
+                    | MemberError::Refused { .. },
+                ) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(MEMBER_RETRY_MS)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Replaces the announce list `seen` with `proxies` (in normal form) through the loop
@@ -208,7 +258,7 @@ impl NodeHandle {
             .await
     }
 
-    /// Removes member `id` (never the leader: move leadership first), and waits like
+    /// Removes member `id` (the leader too: leadership moves to another voter first), and waits like
     /// [`NodeHandle::add_member`]. The id is never accepted again. Refused below
     /// [`crate::VOTERS_SAFE_MIN`] voters (see [`NodeHandle::remove_member_forced`]) and
     /// when the voters left would have no reachable quorum.

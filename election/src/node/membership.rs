@@ -97,7 +97,17 @@ impl ElectionLoop {
                 });
         }
         let cs = self.raw_node.raft.prs().conf().to_conf_state();
-        members::check(&self.membership.table, &cs, Some(leader), change)?;
+        // Removing the leader is refused here as `IsLeader`, which the caller answers by
+        // moving leadership first; but only after every other check, so that a removal
+        // refused anyway never moves leadership for nothing.
+        let leader_removal = match members::check(&self.membership.table, &cs, Some(leader), change)
+        {
+            Err(MemberError::IsLeader { id }) => Some(id),
+            other => {
+                other?;
+                None
+            }
+        };
         if self.raw_node.raft.has_pending_conf() {
             return Err(MemberError::Pending);
         }
@@ -107,6 +117,9 @@ impl ElectionLoop {
             self.check_on_leader(change)?;
         } else {
             members::check_voter_count(&cs.voters.iter().copied().collect(), change)?;
+        }
+        if let Some(id) = leader_removal {
+            return Err(MemberError::IsLeader { id });
         }
         let Some((cc, context)) = members::conf_change(change) else {
             return Err(MemberError::Invalid {

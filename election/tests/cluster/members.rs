@@ -123,10 +123,12 @@ async fn joined_member_catches_up_from_a_snapshot_and_removed_id_is_never_reused
             .await,
         Err(MemberError::Reused { id: 4 })
     );
+    // Three voters: removing the leader without force is refused before leadership moves.
     assert!(matches!(
         nodes[&leader].remove_member(leader).await,
-        Err(MemberError::IsLeader { .. })
+        Err(MemberError::BelowSafeMinimum { .. })
     ));
+    assert_eq!(leader_of(&nodes), Some(leader), "leadership did not move");
     for (_, n) in nodes {
         n.stop().await.unwrap();
     }

@@ -152,7 +152,10 @@ impl Limits {
                 self.client_write_timeout_ms,
             ),
             ("limits.body_idle_timeout_ms", self.body_idle_timeout_ms),
-            ("limits.body_arrival_timeout_ms", self.body_arrival_timeout_ms),
+            (
+                "limits.body_arrival_timeout_ms",
+                self.body_arrival_timeout_ms,
+            ),
             ("limits.body_buffer_bytes_max", self.body_buffer_bytes_max),
             (
                 "limits.admin_connections_max",

@@ -121,7 +121,11 @@ fn host_must_be_one_and_agree_with_the_target() {
     ];
     for (uri, hosts, want) in cases {
         let headers: Vec<(&str, &str)> = hosts.iter().map(|h| ("host", *h)).collect();
-        assert_eq!(outcome(&head("GET", uri, &headers)), want, "{uri} {hosts:?}");
+        assert_eq!(
+            outcome(&head("GET", uri, &headers)),
+            want,
+            "{uri} {hosts:?}"
+        );
     }
     // HTTP/1.0 may leave `Host` out; the upstream's is sent for it.
     let old = head_of(http::Version::HTTP_10, "GET", "/a", &[]);
