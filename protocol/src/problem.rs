@@ -83,6 +83,68 @@ pub mod kind {
     /// A node API request whose client certificate's role does not allow it (403); the
     /// detail names the role needed and the credential (`crate::roles`).
     pub const FORBIDDEN_ROLE: &str = "forbidden-role";
+
+    // The node API's kinds (membership, transfers, the announce list, test faults).
+    /// Test faults body that is not a valid fault specification (400).
+    pub const BAD_FAULTS: &str = "bad-faults";
+    /// The node's election loop stopped; it cannot answer (503).
+    pub const NODE_STOPPED: &str = "node-stopped";
+    /// A member id or peer address that is not valid (400).
+    pub const BAD_MEMBER: &str = "bad-member";
+    /// A member id that was removed before: ids are never reused (409).
+    pub const MEMBER_ID_REUSED: &str = "member-id-reused";
+    /// The id is already a member (409).
+    pub const ALREADY_MEMBER: &str = "already-member";
+    /// The peer address is another member's (409).
+    pub const PEER_IN_USE: &str = "peer-in-use";
+    /// No member with this id (404).
+    pub const NOT_A_MEMBER: &str = "not-a-member";
+    /// The cluster is at its member limit (409).
+    pub const TOO_MANY_MEMBERS: &str = "too-many-members";
+    /// Another membership change is under way (409).
+    pub const MEMBERSHIP_CHANGE_PENDING: &str = "membership-change-pending";
+    /// Removing the leader before leadership moved (409; the node moves it first).
+    pub const MEMBER_IS_LEADER: &str = "member-is-leader";
+    /// The change would leave no voter (409).
+    pub const LAST_VOTER: &str = "last-voter";
+    /// The learner is already a voter (409).
+    pub const ALREADY_VOTER: &str = "already-voter";
+    /// The learner has not caught up, so it is not promoted (409).
+    pub const LEARNER_NOT_CAUGHT_UP: &str = "learner-not-caught-up";
+    /// A removal that would leave fewer than three voters, without `force` (409).
+    pub const VOTERS_BELOW_THREE: &str = "voters-below-three";
+    /// The voters left would have no reachable quorum (409).
+    pub const QUORUM_UNREACHABLE: &str = "quorum-unreachable";
+    /// Removing the leader: leadership could not be moved off it (503).
+    pub const LEADER_NOT_MOVED: &str = "leader-not-moved";
+    /// No leader is known to take the change (503).
+    pub const NO_LEADER: &str = "no-leader";
+    /// raft refused the proposal (503).
+    pub const PROPOSAL_REFUSED: &str = "proposal-refused";
+    /// The change was not applied in time (504).
+    pub const MEMBER_CHANGE_TIMEOUT: &str = "member-change-timeout";
+    /// The announce list cannot change with fleet leases (409).
+    pub const ANNOUNCE_FIXED: &str = "announce-fixed";
+    /// A transfer to a node that is not a voter (404 or 409).
+    pub const UNKNOWN_NODE: &str = "unknown-node";
+    /// No other voter to hand leadership to (409).
+    pub const NO_CANDIDATE: &str = "no-candidate";
+    /// raft refused the leadership transfer (409).
+    pub const TRANSFER_REFUSED: &str = "transfer-refused";
+    /// Another transfer or an election came first (409).
+    pub const TRANSFER_SUPERSEDED: &str = "transfer-superseded";
+    /// The transfer's outcome was not known in time (504).
+    pub const TRANSFER_TIMEOUT: &str = "transfer-timeout";
+    /// An announce entry that is not `URL` or `NAME=URL` as the rules say (400).
+    pub const BAD_ANNOUNCE: &str = "bad-announce";
+    /// A proxy removed from the announce list could not be retired first (409).
+    pub const PROXY_NOT_RETIRED: &str = "proxy-not-retired";
+    /// The announce list changed under the request (409).
+    pub const ANNOUNCE_CHANGED: &str = "announce-changed";
+    /// A fence reset on a proxy without an admin token (403).
+    pub const RESET_DISABLED: &str = "reset-disabled";
+    /// An admin API request without the right bearer token (401).
+    pub const UNAUTHORIZED: &str = "unauthorized";
 }
 
 /// An RFC 9457 problem, with the extension members Palisade's answers use.

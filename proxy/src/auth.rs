@@ -61,8 +61,8 @@ impl AuthError {
     /// The problem kind.
     pub fn kind(self) -> &'static str {
         match self {
-            Self::ResetDisabled => "reset-disabled",
-            _ => "unauthorized",
+            Self::ResetDisabled => palisade_protocol::problem::kind::RESET_DISABLED,
+            _ => palisade_protocol::problem::kind::UNAUTHORIZED,
         }
     }
 }

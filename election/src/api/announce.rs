@@ -35,13 +35,9 @@ use super::members::member_problem;
 use super::state::{ApiState, Shared};
 use crate::members::{MemberError, check_announce};
 
-/// Problem kind: an entry of the new list is not `URL` or `NAME=URL`, names a proxy twice,
-/// or the list is too long.
-pub const BAD_ANNOUNCE: &str = "bad-announce";
-/// Problem kind: a proxy the change removes could not be retired.
-pub const PROXY_NOT_RETIRED: &str = "proxy-not-retired";
-/// Problem kind: the list changed while the request was handled.
-pub const ANNOUNCE_CHANGED: &str = "announce-changed";
+pub use palisade_protocol::problem::kind::ANNOUNCE_CHANGED;
+pub use palisade_protocol::problem::kind::BAD_ANNOUNCE;
+pub use palisade_protocol::problem::kind::PROXY_NOT_RETIRED;
 
 /// `GET /v1/announce`.
 pub(super) async fn announce_list(State(state): State<Shared>) -> ApiJson<AnnounceList> {

@@ -2,6 +2,7 @@
 
 use axum::extract::State;
 use http::StatusCode;
+use palisade_protocol::problem::kind;
 use palisade_protocol::{FaultSpec, Problem};
 use palisade_server::{ApiJson, ApiProblem};
 use tracing::warn;
@@ -24,7 +25,7 @@ pub(super) async fn set_faults(
         // The route exists only with faults enabled; this answers the same as without it.
         return Err(state.problem(Problem::new(
             StatusCode::NOT_FOUND,
-            "not-found",
+            kind::NOT_FOUND,
             FaultError::Disabled.to_string(),
         )));
     };
@@ -34,7 +35,7 @@ pub(super) async fn set_faults(
             Ok(ApiJson(spec))
         }
         Err(err) => Err(state.problem(
-            Problem::new(StatusCode::BAD_REQUEST, "bad-faults", err.to_string())
+            Problem::new(StatusCode::BAD_REQUEST, kind::BAD_FAULTS, err.to_string())
                 .with_title("Fault spec refused"),
         )),
     }

@@ -4,6 +4,7 @@ use axum::extract::State;
 use axum::response::IntoResponse;
 use http::{StatusCode, header};
 use palisade_protocol::headers::PROMETHEUS_TEXT;
+use palisade_protocol::problem::kind;
 use palisade_protocol::{Health, Problem};
 use palisade_server::{ApiJson, ApiProblem};
 
@@ -25,7 +26,7 @@ pub(super) async fn health(State(state): State<Shared>) -> Result<ApiJson<Health
         Err(state.problem(
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "node-stopped",
+                kind::NODE_STOPPED,
                 "the election loop stopped; see the node's log",
             )
             .with_title("The election loop is not running"),

@@ -24,6 +24,7 @@
 //!   started: see the election loop's `lease_rounds` module). An `urgent` request (a write
 //!   waits for it) is not held to gather others.
 
+use palisade_protocol::problem::kind;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,7 +67,7 @@ pub(super) async fn lease(
         state.problem(Problem::new(status, kind, detail).with_title(title))
     };
     let ApiJson(request) = body.map_err(|p| {
-        state.metrics.lease_refused("bad-body");
+        state.metrics.lease_refused(kind::BAD_BODY);
         state.problem(p)
     })?;
     let Some(leases) = state.leases.as_ref() else {
@@ -143,7 +144,7 @@ pub(super) async fn lease(
         ),
         LeaseError::Stopped => refuse(
             StatusCode::SERVICE_UNAVAILABLE,
-            "node-stopped",
+            kind::NODE_STOPPED,
             "The node stopped",
             err.to_string(),
         ),

@@ -57,7 +57,7 @@ pub(super) async fn member_remove(
         state.problem(
             Problem::new(
                 StatusCode::BAD_REQUEST,
-                "bad-member",
+                kind::BAD_MEMBER,
                 format!("member id {id:?} is not a non-negative integer"),
             )
             .with_title("Bad member id"),
@@ -89,69 +89,81 @@ pub(super) fn member_problem(err: &MemberError) -> Problem {
     let (status, kind, title) = match err {
         E::Reused { .. } => (
             StatusCode::CONFLICT,
-            "member-id-reused",
+            kind::MEMBER_ID_REUSED,
             "Removed ids are never reused",
         ),
-        E::AlreadyMember { .. } => (StatusCode::CONFLICT, "already-member", "Already a member"),
-        E::PeerInUse { .. } => (StatusCode::CONFLICT, "peer-in-use", "Peer address in use"),
-        E::NotAMember { .. } => (StatusCode::NOT_FOUND, "not-a-member", "No such member"),
-        E::Invalid { .. } => (StatusCode::BAD_REQUEST, "bad-member", "Bad member"),
+        E::AlreadyMember { .. } => (
+            StatusCode::CONFLICT,
+            kind::ALREADY_MEMBER,
+            "Already a member",
+        ),
+        E::PeerInUse { .. } => (
+            StatusCode::CONFLICT,
+            kind::PEER_IN_USE,
+            "Peer address in use",
+        ),
+        E::NotAMember { .. } => (StatusCode::NOT_FOUND, kind::NOT_A_MEMBER, "No such member"),
+        E::Invalid { .. } => (StatusCode::BAD_REQUEST, kind::BAD_MEMBER, "Bad member"),
         E::TooMany { .. } => (
             StatusCode::CONFLICT,
-            "too-many-members",
+            kind::TOO_MANY_MEMBERS,
             "Member limit reached",
         ),
         E::Pending => (
             StatusCode::CONFLICT,
-            "membership-change-pending",
+            kind::MEMBERSHIP_CHANGE_PENDING,
             "A membership change is in progress",
         ),
         E::IsLeader { .. } => (
             StatusCode::CONFLICT,
-            "member-is-leader",
+            kind::MEMBER_IS_LEADER,
             "The leader cannot be removed",
         ),
-        E::LastVoter { .. } => (StatusCode::CONFLICT, "last-voter", "Last voter"),
-        E::AlreadyVoter { .. } => (StatusCode::CONFLICT, "already-voter", "Already a voter"),
+        E::LastVoter { .. } => (StatusCode::CONFLICT, kind::LAST_VOTER, "Last voter"),
+        E::AlreadyVoter { .. } => (StatusCode::CONFLICT, kind::ALREADY_VOTER, "Already a voter"),
         E::NotCaughtUp { .. } => (
             StatusCode::CONFLICT,
-            "learner-not-caught-up",
+            kind::LEARNER_NOT_CAUGHT_UP,
             "The learner has not caught up",
         ),
         E::BelowSafeMinimum { .. } => (
             StatusCode::CONFLICT,
-            "voters-below-three",
+            kind::VOTERS_BELOW_THREE,
             "Fewer than three voters would remain",
         ),
         E::QuorumUnreachable { .. } => (
             StatusCode::CONFLICT,
-            "quorum-unreachable",
+            kind::QUORUM_UNREACHABLE,
             "The voters left would have no reachable quorum",
         ),
         E::LeaderNotMoved { .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "leader-not-moved",
+            kind::LEADER_NOT_MOVED,
             "Leadership could not be moved off the member",
         ),
-        E::NoLeader => (StatusCode::SERVICE_UNAVAILABLE, "no-leader", "No leader"),
+        E::NoLeader => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            kind::NO_LEADER,
+            "No leader",
+        ),
         E::Refused { .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "proposal-refused",
+            kind::PROPOSAL_REFUSED,
             "raft refused the proposal",
         ),
         E::TimedOut { .. } => (
             StatusCode::GATEWAY_TIMEOUT,
-            "member-change-timeout",
+            kind::MEMBER_CHANGE_TIMEOUT,
             "The change was not applied in time",
         ),
         E::AnnounceFixed => (
             StatusCode::CONFLICT,
-            "announce-fixed",
+            kind::ANNOUNCE_FIXED,
             "The announce list is fixed with fleet leases",
         ),
         E::Stopped => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "node-stopped",
+            kind::NODE_STOPPED,
             "The node stopped",
         ),
     };

@@ -4,6 +4,7 @@
 use axum::extract::State;
 use http::StatusCode;
 use palisade_protocol::lease::NOT_LEADER;
+use palisade_protocol::problem::kind;
 use palisade_protocol::{Problem, TransferRequest, Transferred};
 use palisade_server::{ApiJson, ApiProblem};
 
@@ -77,37 +78,37 @@ pub(super) fn transfer_problem(
         ),
         TransferError::UnknownNode { .. } => (
             StatusCode::BAD_REQUEST,
-            "unknown-node",
+            kind::UNKNOWN_NODE,
             "No such voter",
             None,
         ),
         TransferError::NoCandidate => (
             StatusCode::CONFLICT,
-            "no-candidate",
+            kind::NO_CANDIDATE,
             "No other voter to transfer to",
             None,
         ),
         TransferError::Refused { .. } => (
             StatusCode::CONFLICT,
-            "transfer-refused",
+            kind::TRANSFER_REFUSED,
             "Transfer refused or abandoned by raft",
             None,
         ),
         TransferError::Superseded { leader_id, .. } => (
             StatusCode::CONFLICT,
-            "transfer-superseded",
+            kind::TRANSFER_SUPERSEDED,
             "Another node became leader",
             Some(*leader_id),
         ),
         TransferError::TimedOut { .. } => (
             StatusCode::GATEWAY_TIMEOUT,
-            "transfer-timeout",
+            kind::TRANSFER_TIMEOUT,
             "Transfer did not complete in time",
             None,
         ),
         TransferError::Stopped => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "node-stopped",
+            kind::NODE_STOPPED,
             "The node stopped",
             None,
         ),
