@@ -51,12 +51,29 @@ impl Node {
     ) -> Result<NodeHandle, StartError> {
         config.validate()?;
         let path = config.database_path();
-        let log = blocking_start(move || {
-            let db = palisade_storage::open_database(&path)?;
-            Ok::<_, StartError>(RaftLog::open(db)?)
+        let opened = path.clone();
+        let (log, record) = blocking_start(move || {
+            let db = palisade_storage::open_database(&opened)?;
+            let log = RaftLog::open(db)?;
+            // A log that once held a configuration and now reads back as new was reset
+            // by damage: never start it as a fresh node.
+            palisade_storage::check_holds_state(&opened, log.is_initialized())?;
+            let record = palisade_storage::TermRecord::open(&opened)?;
+            record.check(&opened, log.hard_state().term)?;
+            Ok::<_, StartError>((log, record))
         })
         .await?;
-        start(config, log, TransportSpec::Tcp, options).await
+        let kept = log.clone();
+        let handle = start(config, log, TransportSpec::Tcp, options, Some(record)).await?;
+        // From the first start on (the log initialized by `start`), its loss is noticed.
+        blocking_start(move || {
+            Ok::<_, StartError>(palisade_storage::check_holds_state(
+                &path,
+                kept.is_initialized(),
+            )?)
+        })
+        .await?;
+        Ok(handle)
     }
 
     /// Starts a node whose peers are reached over the in-memory `net`, with its raft log in
@@ -81,7 +98,14 @@ impl Node {
         }
         config.validate()?;
         let log = blocking_start(move || Ok::<_, StartError>(RaftLog::open(db)?)).await?;
-        start(config, log, TransportSpec::Memory(net.clone()), options).await
+        start(
+            config,
+            log,
+            TransportSpec::Memory(net.clone()),
+            options,
+            None,
+        )
+        .await
     }
 }
 
@@ -159,6 +183,7 @@ async fn start(
     log: RaftLog,
     transport: TransportSpec,
     options: StartOptions,
+    term_record: Option<palisade_storage::TermRecord>,
 ) -> Result<NodeHandle, StartError> {
     let id = config.id;
     let members_table = prepare(&config, &log, options.join.as_ref()).await?;
@@ -366,6 +391,7 @@ async fn start(
             announce_tx,
             no_proxies: announce_urls.is_empty(),
             log_entries_retained: options.log_entries_retained,
+            term_record,
         },
     );
     info!(

@@ -92,7 +92,13 @@ pub(crate) fn unsupported_codings(headers: &HeaderMap) -> Option<String> {
 
 /// Refuses a repeated, malformed or (on HTTP/1.1) missing `Host`, and one that differs
 /// from the target's authority.
+///
+/// A CONNECT names a host as its target (authority form), not a resource of this one:
+/// it is refused by classification (405) whatever its `Host`, so it is left to that.
 fn check_host(parts: &Parts) -> Result<(), ProxyError> {
+    if parts.method == Method::CONNECT {
+        return Ok(());
+    }
     let mut lines = parts.headers.get_all(header::HOST).iter();
     let authority = parts.uri.authority();
     let host = match (lines.next(), lines.next()) {

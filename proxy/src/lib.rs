@@ -217,6 +217,13 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         limits.scopes_max,
         routing::Classifier::new(&config).reserved_scopes(),
     )?;
+    // A register that once held a raised fence and now reads back with none was reset by
+    // damage: refuse to start rather than admit any token again. (A fallback to an older,
+    // non-empty commit cannot be told apart from the file alone; docs/proxy.md says so.)
+    palisade_storage::check_holds_state(
+        &database,
+        register.list().iter().any(|(_, token)| *token > 0),
+    )?;
     let backend = match &config.upstream {
         Some(url) => Backend::Http(Box::new(upstream::HttpUpstream::new(url, &config)?)),
         None => Backend::Embedded(palisade_storage::ObjectStore::open(

@@ -172,7 +172,6 @@ fn run_phases(
         check_head_size(&parts, shared.head_bytes_max)?;
         framing::check_head(&parts, shared.classifier.override_headers())?;
         let decision = shared.classifier.classify(&parts)?;
-        framing::check_body(&parts, !body.is_end_stream(), decision.read_bodies)?;
         // An upgrade its route allows: the client connection's upgrade goes with the
         // request (taken now, before the parts move), to be tunnelled if the upstream
         // switches.
@@ -193,6 +192,9 @@ fn run_phases(
         if ctx.fenced && ctx.token.is_none() {
             return Err(ProxyError::MissingToken);
         }
+        // A GET or HEAD body, on a route that takes none, is refused before its body is
+        // read, with the head's other refusals (a fenced GET without a token is 428).
+        framing::check_body(&parts, !body.is_end_stream(), decision.read_bodies)?;
 
         // Phase: check the proof, before anything can move the fence or wait at the
         // barrier (a forged token must not raise it), and before the body is read (a

@@ -81,6 +81,97 @@ pub enum OpenError {
 /// database is then an error, not a fresh start.
 pub const MARKER_SUFFIX: &str = ".created";
 
+/// The second marker, written once the database holds state that must never be lost
+/// (a raft log with a configuration): `raft.redb.holds-state`. A database that opens
+/// but reads back as empty while this marker exists was reset by damage (redb may fall
+/// back to an older, empty commit when the newest one is unreadable).
+pub const STATE_MARKER_SUFFIX: &str = ".holds-state";
+
+/// Checks the database at `path` against its state marker: `holds_state` says whether
+/// what was read from it holds state. With state, the marker is written (durably) if it
+/// is missing; without state while the marker exists, [`OpenError::Lost`]: the file
+/// opened but lost what it held.
+pub fn check_holds_state(path: &Path, holds_state: bool) -> Result<(), OpenError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(STATE_MARKER_SUFFIX);
+    let marker = PathBuf::from(name);
+    match (holds_state, marker.exists()) {
+        (true, false) => write_marker(&marker, path.parent().filter(|d| !d.as_os_str().is_empty())),
+        (false, true) => Err(OpenError::Lost {
+            path: path.to_path_buf(),
+            marker,
+            what: "without the state it held (damaged, or replaced by an empty one)",
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The highest raft term a log has held, kept in a small file beside it
+/// (`raft.redb.term`). redb keeps two commit slots and falls back to the older one when
+/// the newest cannot be read, so a damaged `raft.redb` can open as an *older* log with a
+/// lower term: a node that started from it could vote, or lead, twice in one term. The
+/// record catches that: a log whose term is below the recorded one is [`OpenError::Lost`].
+/// It is written after the log's own commit, so a crash between the two leaves the
+/// record behind the log, never ahead of it.
+#[derive(Debug)]
+pub struct TermRecord {
+    path: PathBuf,
+    term: u64,
+}
+
+/// The suffix of the term record's file.
+pub const TERM_RECORD_SUFFIX: &str = ".term";
+
+impl TermRecord {
+    /// Reads the record beside the database at `db` (0 when there is none yet).
+    pub fn open(db: &Path) -> Result<Self, OpenError> {
+        let mut name = db.as_os_str().to_owned();
+        name.push(TERM_RECORD_SUFFIX);
+        let path = PathBuf::from(name);
+        let term = match std::fs::read_to_string(&path) {
+            Ok(text) => text.trim().parse().map_err(|_| OpenError::Damaged {
+                path: path.clone(),
+                marker: marker_path(db),
+                detail: format!("the term record holds {:?}, not a number", text.trim()),
+            })?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(source) => return Err(OpenError::Marker { path, source }),
+        };
+        Ok(Self { path, term })
+    }
+
+    /// Checks that the log at `db`, whose stored term is `stored`, is not behind the record.
+    pub fn check(&self, db: &Path, stored: u64) -> Result<(), OpenError> {
+        if stored < self.term {
+            return Err(OpenError::Lost {
+                path: db.to_path_buf(),
+                marker: self.path.clone(),
+                what: "behind the raft term it reached (damaged: an older commit was read back)",
+            });
+        }
+        Ok(())
+    }
+
+    /// Records `term` durably when it is above the recorded one (written to a temporary
+    /// file, fsynced, renamed over the record, the directory fsynced).
+    pub fn record(&mut self, term: u64) -> std::io::Result<()> {
+        use std::io::Write as _;
+        if term <= self.term {
+            return Ok(());
+        }
+        let tmp = self.path.with_extension("term.tmp");
+        let mut file = std::fs::File::create(&tmp)?;
+        writeln!(file, "{term}")?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        self.term = term;
+        Ok(())
+    }
+}
+
 /// The marker file of the database at `path`.
 pub fn marker_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
@@ -294,6 +385,28 @@ mod tests {
         std::fs::remove_file(marker_path(&path)).unwrap();
         drop(open_database(&path).unwrap());
         assert!(marker_path(&path).exists());
+    }
+
+    /// Goal: the term record only grows, survives a reopen, and refuses a log whose term is
+    /// behind it (an older commit read back), naming the record; a record that is not a
+    /// number is `Damaged`. Method: record 3, 7, 5; reopen; check 6 and 7; garble it.
+    #[test]
+    fn term_record_refuses_a_log_behind_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("raft.redb");
+        let mut record = TermRecord::open(&db).unwrap();
+        record.check(&db, 0).unwrap();
+        for term in [3, 7, 5] {
+            record.record(term).unwrap();
+        }
+        let record = TermRecord::open(&db).unwrap();
+        record.check(&db, 7).unwrap();
+        let err = record.check(&db, 6).unwrap_err();
+        assert!(matches!(err, OpenError::Lost { .. }), "{err}");
+        assert!(err.to_string().contains("raft.redb.term"), "{err}");
+        std::fs::write(dir.path().join("raft.redb.term"), "seven").unwrap();
+        let err = TermRecord::open(&db).unwrap_err();
+        assert!(matches!(err, OpenError::Damaged { .. }), "{err}");
     }
 
     /// Goal: a 0-byte file with no marker is refused too (redb never leaves one).

@@ -24,7 +24,10 @@ mod objects;
 mod raftlog;
 mod tables;
 
-pub use db::{MARKER_SUFFIX, OpenError, marker_path, open_database, without_panics};
+pub use db::{
+    MARKER_SUFFIX, OpenError, STATE_MARKER_SUFFIX, TERM_RECORD_SUFFIX, TermRecord,
+    check_holds_state, marker_path, open_database, without_panics,
+};
 pub use fence::{Advance, AdvanceError, FenceRegister, SCOPES_MAX_DEFAULT};
 pub use members::{
     ANNOUNCE_URL_BYTES_MAX, MEMBER_PEER_BYTES_MAX, MEMBERS_TABLE_ENTRIES_MAX, MemberRecord,

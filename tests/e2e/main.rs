@@ -21,6 +21,9 @@
 //! - `proxy_streaming`: bodies streamed after admission (a 1 GiB upload and a flood of
 //!   unfinished bodies in bounded memory, `Expect: 100-continue`, body limits), trailers,
 //!   `Host` and `X-Forwarded-For`.
+//! - `proxy_framing`: hostile framings refused whole (`Connection` naming framing
+//!   headers, repeated `Host`, transfer codings); slow anonymous bodies cannot hold the
+//!   upstream's slots.
 //! - `proxy_transport`: body and header limits, slow clients, TLS, h2c, graceful shutdown.
 //! - `election_process`: elections among `palisade node` processes: pauses, kills,
 //!   transfer, resign, long poll, configuration errors.
@@ -43,6 +46,8 @@
 //!   filters, rotation by size, a node's announce and a transfer asked of its API.
 //! - `audit_flood`: a million requests without a proof leave an earlier stale write in
 //!   the audit log and on the status page, and every one of them is accounted for.
+//! - `lost_database`: a `proxy.redb` or `raft.redb` that existed and is now empty or
+//!   damaged stops the process with the recovery steps, never a fresh start or a panic.
 //! - `trust_tokens`: signed tokens: forged tokens and proofs refused with 401, the
 //!   leader's proof admitted, and only the new leader's after an election.
 //! - `trust_admin`: the admin bearer token, and the audited fence reset (API and CLI).
@@ -65,6 +70,7 @@ mod election_process;
 mod election_scores;
 mod fleet_no_leases;
 mod fleet_proxy;
+mod lost_database;
 mod proxy_connections;
 mod proxy_fencing;
 mod proxy_framing;

@@ -160,19 +160,19 @@ impl RawUpstream {
         buf: &mut Vec<u8>,
         complete: impl Fn(&[u8]) -> Option<usize>,
     ) -> Option<usize> {
-        let mut chunk = [0u8; 16 * 1024];
         loop {
             if let Some(n) = complete(buf) {
                 return Some(n);
             }
-            match stream.read(&mut chunk).await {
+            buf.reserve(16 * 1024);
+            match stream.read_buf(buf).await {
                 Ok(0) | Err(_) => {
                     if !buf.is_empty() {
                         self.seen.lock().unwrap().truncated.push(buf.clone());
                     }
                     return None;
                 }
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Ok(_) => {}
             }
         }
     }
@@ -384,16 +384,11 @@ async fn hostile_framings_get_their_answer_and_nothing_partial_reaches_the_upstr
     // `Connection` (as RFC 9110 asks), and chunked with a Content-Length, which hyper
     // reads as chunked (RFC 9112 §6.3) and the proxy forwards chunked without it.
     let fine = [
-        "PUT http://x/abs HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 5\r\n\r\nhello"
-            .to_owned(),
-        format!(
-            "PUT /te HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nConnection: keep-alive, TE\r\nTE: trailers\r\nContent-Length: 5\r\n\r\nhello"
-        ),
-        format!(
-            "PUT /both HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
-        ),
+        "PUT http://x/abs HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 5\r\n\r\nhello",
+        "PUT /te HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nConnection: keep-alive, TE\r\nTE: trailers\r\nContent-Length: 5\r\n\r\nhello",
+        "PUT /both HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     ];
-    for request in &fine {
+    for request in fine {
         let answer = exchange(proxy.addr, request).await;
         assert_eq!(answer.status, 200, "{request:?}: {}", answer.text);
     }
@@ -433,7 +428,10 @@ async fn hostile_framings_get_their_answer_and_nothing_partial_reaches_the_upstr
     ] {
         let label = format!("reason=\"{kind}\"");
         let counted = counter(&proxy, "palisade_proxy_rejections_total", &label).await;
-        assert_eq!(counted, times, "rejections of {kind}");
+        assert!(
+            (counted - times).abs() < 0.5,
+            "rejections of {kind}: {counted}, not {times}"
+        );
     }
 }
 
@@ -516,7 +514,7 @@ async fn slow_body_flood_cannot_hold_the_slots_a_write_needs() {
     }
     let connections = wait::poll(EXCHANGE_TIMEOUT, || async {
         let open = counter(&proxy, "palisade_proxy_connections", "listener=\"client\"").await;
-        (open >= FLOOD_CLIENTS as f64).then_some(open)
+        (open >= f64::from(u32::try_from(FLOOD_CLIENTS).unwrap())).then_some(open)
     })
     .await;
     assert!(

@@ -63,6 +63,9 @@ pub(super) struct ElectionLoop {
     pub(super) guard: Guard,
     /// Rate limit of the guard's warnings.
     pub(super) drop_log: DropLog,
+    /// The highest term the log held, recorded beside it after each persisted new term
+    /// (see [`palisade_storage::TermRecord`]); `None` for an in-memory log.
+    pub(super) term_record: Option<Arc<std::sync::Mutex<palisade_storage::TermRecord>>>,
     /// Signs each new token's proof (`--token-key`); `None`: tokens carry no proof.
     pub(super) signer: Option<Arc<TokenSigner>>,
     /// Lease requests waiting for a `ReadIndex` round, and the round in flight.
@@ -170,7 +173,25 @@ impl ElectionLoop {
             let snapshot_index = write.snapshot.as_ref().map(|s| s.get_metadata().index);
             if !write.is_empty() {
                 let log = self.log.clone();
-                blocking(move || log.persist(&write)).await?;
+                let record = self.term_record.clone();
+                blocking(move || {
+                    log.persist(&write)?;
+                    // After the log's commit: the record is never ahead of the log.
+                    match (&record, &write.hard_state) {
+                        (Some(record), Some(hs)) => record
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .record(hs.term)
+                            .map_err(|e| {
+                                RaftLogError::Storage(format!(
+                                    "cannot record term {}: {e}",
+                                    hs.term
+                                ))
+                            }),
+                        _ => Ok(()),
+                    }
+                })
+                .await?;
             }
             if let Some(index) = snapshot_index {
                 self.on_snapshot_installed(index);

@@ -71,6 +71,9 @@ pub(crate) struct LoopParts {
     /// Entries kept behind the applied index at compaction; `None`:
     /// [`LOG_ENTRIES_RETAINED`], compacted every [`LOG_COMPACT_STEP`].
     pub log_entries_retained: Option<u64>,
+    /// The record of the highest term the log held, beside `raft.redb`; `None` for an
+    /// in-memory log.
+    pub term_record: Option<palisade_storage::TermRecord>,
 }
 
 /// Spawns the election loop of the node `config` describes. The task ends at shutdown or
@@ -96,6 +99,9 @@ pub(crate) fn spawn(config: &NodeConfig, parts: LoopParts) -> JoinHandle<Result<
             max_term_gap: config.max_term_gap,
         },
         drop_log: DropLog::default(),
+        term_record: parts
+            .term_record
+            .map(|r| Arc::new(std::sync::Mutex::new(r))),
         signer: parts.signer,
         leases: LeaseRounds::new(lease_gather_interval(config)),
         release_wait: config.lease_release_wait(),
