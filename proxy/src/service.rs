@@ -33,6 +33,11 @@ use crate::server::Peer;
 use crate::stream::{BodyLimits, Exchange, RequestBody, UpstreamBody};
 use crate::upstream::HttpUpstream;
 
+/// The rate at which the log lines of requests refused for a missing or invalid proof
+/// are written (the audit log's noise rate: see `palisade_server::audit::NoiseLimiter`).
+static PROOF_LOG_NOISE: std::sync::LazyLock<palisade_server::audit::NoiseLimiter> =
+    std::sync::LazyLock::new(palisade_server::audit::NoiseLimiter::default);
+
 /// Where admitted requests go.
 pub(crate) enum Backend {
     /// An HTTP(S) upstream.
@@ -510,10 +515,15 @@ fn respond_and_log(
                 err,
                 ProxyError::MissingProof { .. } | ProxyError::InvalidProof { .. }
             ) {
-                tracing::warn!(
-                    event = events::PROOF_REJECTED, scope, token, outcome = "rejected",
-                    method = %ctx.method, cause = %err, elapsed_ms = elapsed_ms(ctx.started), "request"
-                );
+                // Anyone can send these without a credential: past the noise rate the
+                // line is skipped (the rejection is still counted in the metrics), so a
+                // flood cannot fill the disk with log lines.
+                if PROOF_LOG_NOISE.admit(events::PROOF_REJECTED) {
+                    tracing::warn!(
+                        event = events::PROOF_REJECTED, scope, token, outcome = "rejected",
+                        method = %ctx.method, cause = %err, elapsed_ms = elapsed_ms(ctx.started), "request"
+                    );
+                }
             } else {
                 tracing::info!(
                     scope, token, outcome = "rejected", method = %ctx.method, cause = %err, elapsed_ms = elapsed_ms(ctx.started), "request"
