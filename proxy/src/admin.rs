@@ -37,7 +37,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::rejection::{ExtensionRejection, PathRejection};
 use axum::extract::{ConnectInfo, Path, State};
-use axum::response::Html;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -352,10 +351,10 @@ async fn status(State(state): AdminRef) -> ApiJson<palisade_protocol::ProxyStatu
 }
 
 /// `GET /`: the status page.
-async fn status_page(State(state): AdminRef) -> Html<String> {
+async fn status_page(State(state): AdminRef) -> axum::response::Response {
     let snapshot =
         crate::status_page::snapshot(&state.fencer, state.lease.as_deref(), &state.upstream);
-    Html(crate::status_page::render(&snapshot, &state.admin_addr))
+    palisade_server::html::page_response(crate::status_page::render(&snapshot, &state.admin_addr))
 }
 
 /// `GET /healthz`: `ok`, or `degraded` (still 200: the process serves, and a fleet's

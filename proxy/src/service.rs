@@ -33,10 +33,16 @@ use crate::server::Peer;
 use crate::stream::{BodyLimits, Exchange, RequestBody, UpstreamBody};
 use crate::upstream::HttpUpstream;
 
-/// The rate at which the log lines of requests refused for a missing or invalid proof
-/// are written (the audit log's noise rate: see `palisade_server::audit::NoiseLimiter`).
+/// Log lines a second, at most, for requests refused for a missing or invalid proof:
+/// anyone can cause those without a credential, so past this rate the line is skipped
+/// (every refusal is still counted in the metrics, and the audit log summarises them).
+pub const PROOF_LOG_LINES_PER_SECOND_MAX: u64 = 100;
+
+/// The limiter of those log lines ([`PROOF_LOG_LINES_PER_SECOND_MAX`]).
 static PROOF_LOG_NOISE: std::sync::LazyLock<palisade_server::audit::NoiseLimiter> =
-    std::sync::LazyLock::new(palisade_server::audit::NoiseLimiter::default);
+    std::sync::LazyLock::new(|| {
+        palisade_server::audit::NoiseLimiter::new(PROOF_LOG_LINES_PER_SECOND_MAX)
+    });
 
 /// Where admitted requests go.
 pub(crate) enum Backend {

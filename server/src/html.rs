@@ -15,6 +15,29 @@ use palisade_protocol::audit::{parse_rfc3339, rfc3339};
 /// enough to watch a failover, rarely enough that an open tab costs nothing.
 pub const STATUS_REFRESH_S: u32 = 2;
 
+/// The `Content-Security-Policy` of every status page: nothing may load or run but the
+/// page's own inline style sheet (no script at all, no frames, no forms, no images).
+pub const STATUS_PAGE_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; \
+     base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// A status page as an HTTP answer: the HTML with `X-Content-Type-Options: nosniff` (never
+/// read as anything but HTML), [`STATUS_PAGE_CSP`] (no script runs, even if an escape were
+/// ever missed) and `Cache-Control: no-store` (fences and members are live state, never to
+/// be served from a cache).
+pub fn page_response(html: String) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use http::header;
+    (
+        [
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CONTENT_SECURITY_POLICY, STATUS_PAGE_CSP),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        axum::response::Html(html),
+    )
+        .into_response()
+}
+
 /// `text` with `&`, `<`, `>`, `"` and `'` replaced by entities: safe inside an element
 /// and inside a quoted attribute.
 pub fn escape(text: &str) -> String {
@@ -179,6 +202,25 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// Goal: a status page is answered with nosniff, a policy that runs no script and
+    /// loads nothing (the inline style only), and no-store. Method: build one, read its
+    /// headers.
+    #[test]
+    fn page_response_forbids_script_sniffing_and_caching() {
+        let answer = page_response("<p>hi</p>".to_owned());
+        let header =
+            |name: http::header::HeaderName| answer.headers()[name].to_str().unwrap().to_owned();
+        assert_eq!(header(http::header::X_CONTENT_TYPE_OPTIONS), "nosniff");
+        assert_eq!(header(http::header::CACHE_CONTROL), "no-store");
+        let csp = header(http::header::CONTENT_SECURITY_POLICY);
+        assert!(csp.starts_with("default-src 'none'"), "{csp}");
+        assert!(
+            !csp.contains("script-src"),
+            "no script source is ever allowed: {csp}"
+        );
+        assert!(header(http::header::CONTENT_TYPE).starts_with("text/html"));
+    }
 
     /// Goal: markup in a value comes out as text, in cells, facts and headings alike.
     /// Method: render a page holding `<script>` and quotes; look for the raw tag.

@@ -19,10 +19,28 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 /// Time Chromium gets to load and render one page.
 const CHROMIUM_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// GET `url`, the body as text.
+/// GET `url`, the body as text. A status page (`/`) must also come with the headers that keep a browser from sniffing
+/// it, running anything in it, or caching it: checked on every page fetched here.
 async fn get_text(url: &str) -> (StatusCode, String, String) {
     let answer = palisade_tests::client::send(http::Method::GET, url, &[], "").await;
     let content_type = answer.header("content-type").unwrap_or_default();
+    if answer.status == StatusCode::OK && content_type.starts_with("text/html") {
+        assert_eq!(
+            answer.header("x-content-type-options").as_deref(),
+            Some("nosniff"),
+            "{url}"
+        );
+        assert_eq!(
+            answer.header("cache-control").as_deref(),
+            Some("no-store"),
+            "{url}"
+        );
+        let csp = answer.header("content-security-policy").unwrap_or_default();
+        assert!(
+            csp.starts_with("default-src 'none'") && !csp.contains("script"),
+            "{url}: {csp}"
+        );
+    }
     (answer.status, content_type, answer.text())
 }
 

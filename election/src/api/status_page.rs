@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use axum::extract::State;
-use axum::response::Html;
 use palisade_protocol::audit::rfc3339;
 use palisade_protocol::{LeaderView, Role};
 use palisade_server::html::{Page, ago, cell, when};
@@ -16,7 +15,7 @@ use super::state::Shared;
 use crate::audit::Observer;
 
 /// `GET /`: the status page.
-pub(super) async fn status_page(State(state): State<Shared>) -> Html<String> {
+pub(super) async fn status_page(State(state): State<Shared>) -> axum::response::Response {
     let view = state.view(&state.leadership.borrow());
     let scores = match (&view.score_oracle, &view.scores) {
         (Some(oracle), Some(scores)) => Some((oracle.clone(), scores.clone())),
@@ -36,7 +35,7 @@ pub(super) async fn status_page(State(state): State<Shared>) -> Html<String> {
         scores,
         observer: &state.observer,
     };
-    Html(render(&page))
+    palisade_server::html::page_response(render(&page))
 }
 
 /// What the page shows, gathered by the API handler.
