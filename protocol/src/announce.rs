@@ -391,26 +391,7 @@ fn is_path_segment(segment: &str) -> bool {
             i += 3;
             continue;
         }
-        let allowed = b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b':'
-                    | b'@'
-            );
+        let allowed = crate::uri::is_unreserved_or_sub_delim(b) || matches!(b, b':' | b'@');
         if !allowed {
             return false;
         }

@@ -21,6 +21,7 @@
 //! - `headers`: the header names (`Fencing-Token`, `Fencing-Scope`, ...).
 //! - `scope`: [`Scope`], the one validator of scope names.
 //! - `token`: parsing `Fencing-Token` from a request head.
+//! - `uri`: the RFC 3986 character classes the announce entry and the proxy's `Host` check share.
 //! - `problem`: [`Problem`], the RFC 9457 error body every API answers with, and
 //!   `problem::kind`, the problem kinds of the proxy and the control plane.
 //! - `admin`: the proxy's admin API: paths and bodies.
@@ -55,6 +56,7 @@ pub mod scope;
 pub mod status;
 pub mod store;
 pub mod token;
+pub mod uri;
 
 pub use admin::{
     AdvanceRequest, AdvanceResponse, FenceList, FenceView, ResetRequest, ResetResponse,

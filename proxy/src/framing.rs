@@ -143,28 +143,8 @@ fn check_host(parts: &Parts) -> Result<(), ProxyError> {
 fn is_authority(value: &[u8]) -> bool {
     !value.is_empty()
         && value.iter().all(|&b| {
-            b.is_ascii_alphanumeric()
-                || matches!(
-                    b,
-                    b'-' | b'.'
-                        | b'_'
-                        | b'~'
-                        | b'!'
-                        | b'$'
-                        | b'&'
-                        | b'\''
-                        | b'('
-                        | b')'
-                        | b'*'
-                        | b'+'
-                        | b','
-                        | b';'
-                        | b'='
-                        | b':'
-                        | b'['
-                        | b']'
-                        | b'%'
-                )
+            palisade_protocol::uri::is_unreserved_or_sub_delim(b)
+                || matches!(b, b':' | b'[' | b']' | b'%')
         })
 }
 

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use palisade_client::{MemberList, MemberRole, NodeApi};
+use palisade_client::{LeaderView, MemberList, MemberRole, NodeApi};
 use palisade_cluster::{NodeProcess, NodeSpec, ProxyProcess, free_port};
 use palisade_protocol::AnnounceList;
 use palisade_protocol::node::ANNOUNCE_PATH;
@@ -21,6 +21,16 @@ pub(crate) const STEP: Duration = Duration::from_secs(30);
 /// Some node's API client, by id.
 pub(crate) fn api(s: &Scenario, id: u64) -> &NodeApi {
     s.cluster.node(id).unwrap().api()
+}
+
+/// Node `id`'s leader view now (the node must be running and answer).
+pub(crate) async fn view_of(s: &Scenario, id: u64) -> LeaderView {
+    s.cluster
+        .node(id)
+        .unwrap()
+        .leadership()
+        .await
+        .unwrap_or_else(|| panic!("node {id} did not answer its leader view"))
 }
 
 /// The default scenario (three nodes, a proxy, workers) on the tested binary, once its
@@ -393,14 +403,7 @@ async fn announce_list_changes_on_a_running_cluster() {
     })
     .await;
     s.say("every node follows the new announce list; the second proxy holds the token");
-    let before = s
-        .cluster
-        .node(leader)
-        .unwrap()
-        .leadership()
-        .await
-        .unwrap()
-        .term;
+    let before = view_of(&s, leader).await.term;
     api(&s, leader).transfer(follower).await.unwrap();
     let next = s.wait_announced_leader(before, None).await;
     s.pump_until(

@@ -13,7 +13,8 @@ use palisade_client::{LeaderView, MemberRole, NodeApi, Role};
 use palisade_cluster::{free_port, wait};
 
 use crate::membership::{
-    STEP, Shown, add_and_join, api, settle_and_finish, start_three, wait_members_everywhere,
+    STEP, Shown, add_and_join, api, settle_and_finish, start_three, view_of,
+    wait_members_everywhere,
 };
 
 /// How often the watcher below asks every node for its leader view.
@@ -64,14 +65,7 @@ async fn palisade(args: &[&str]) -> (Option<i32>, String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_new_members_keep_the_token_and_a_joined_one_is_promoted() {
     let (mut s, leader, _, term) = start_three().await;
-    let token = s
-        .cluster
-        .node(leader)
-        .unwrap()
-        .leadership()
-        .await
-        .unwrap()
-        .token;
+    let token = view_of(&s, leader).await.token;
     assert_eq!(token, Some(term));
     let stop = Arc::new(AtomicBool::new(false));
     let nodes = s.cluster.nodes.iter().map(|n| n.api().clone()).collect();
@@ -205,13 +199,7 @@ async fn force_new_cluster_brings_back_a_lone_survivor_with_a_higher_token() {
         .await;
     // The survivor campaigns and cannot win: show that no token appears for a while.
     s.run_for(Duration::from_secs(1)).await;
-    let view = s
-        .cluster
-        .node(survivor)
-        .unwrap()
-        .leadership()
-        .await
-        .unwrap();
+    let view = view_of(&s, survivor).await;
     assert_eq!((view.token, lost.token), (None, None), "{view:?}");
     let highest = view.term.max(old);
     s.say(&format!("the survivor has no leader (term {})", view.term));
