@@ -15,22 +15,26 @@ use metrics::{Counter, Gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 use palisade_server::CloseReason;
 
-use crate::api::API_CONNECTION_CLOSES;
+/// Connections the node API closed on its own, by `reason` (header-timeout,
+/// keepalive-timeout, evicted-idle, request-timeout). Defined here, with the other
+/// metric names, so that the metrics (a floor below the API) never import the API.
+pub const API_CONNECTION_CLOSES: &str = "palisade_node_api_connection_closes_total";
 
 /// Always 1, with the build's `version` as a label (also on the proxy).
 pub const BUILD_INFO: &str = "palisade_build_info";
 
 /// The close reasons counted apart, in the order of [`API_CLOSES`]; any other counts as
 /// `other`.
-const API_CLOSE_REASONS: [CloseReason; 4] = [
+const API_CLOSE_REASONS: [CloseReason; 5] = [
     CloseReason::HeaderTimeout,
     CloseReason::KeepaliveTimeout,
     CloseReason::EvictedIdle,
     CloseReason::WriteTimeout,
+    CloseReason::RequestTimeout,
 ];
 /// Connections the node APIs of this process closed on their own: one per reason of
 /// [`API_CLOSE_REASONS`], then `other`.
-static API_CLOSES: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static API_CLOSES: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 
 /// Node API requests refused for the credential's role, by `route` and `role`.
 pub const API_FORBIDDEN: &str = "palisade_node_api_forbidden_total";
@@ -117,6 +121,12 @@ impl NodeMetrics {
                 Unit::Count,
                 "Raft messages dropped: outgoing ones because the peer was unreachable \
                  (reason unreachable), incoming ones that failed a check before raft saw them."
+            );
+            metrics::describe_counter!(
+                "palisade_node_long_poll_refusals_total",
+                Unit::Count,
+                "Long polls of GET /v1/leader answered 429 at once: over the limit of one \
+                 client (scope client) or of the node (scope total)."
             );
             metrics::describe_counter!(
                 "palisade_node_announce_failures_total",
@@ -221,6 +231,18 @@ impl NodeMetrics {
         });
     }
 
+    /// Counts one long poll refused over the limit of `scope`: `client` or `total`.
+    pub(crate) fn long_poll_refused(&self, scope: &'static str) {
+        metrics::with_local_recorder(&*self.recorder, || {
+            metrics::counter!(
+                "palisade_node_long_poll_refusals_total",
+                "node_id" => self.node_id.clone(),
+                "scope" => scope
+            )
+            .increment(1);
+        });
+    }
+
     /// Counts one lease request refused for `reason` (its problem kind).
     pub(crate) fn lease_refused(&self, reason: &'static str) {
         metrics::with_local_recorder(&*self.recorder, || {
@@ -255,7 +277,7 @@ impl NodeMetrics {
             text,
             "# HELP {API_CONNECTION_CLOSES} Connections the node APIs of this process closed \
              on their own, by reason (header-timeout, keepalive-timeout, evicted-idle, \
-             write-timeout, other).\n# TYPE {API_CONNECTION_CLOSES} counter"
+             write-timeout, request-timeout, other).\n# TYPE {API_CONNECTION_CLOSES} counter"
         );
         let labels = API_CLOSE_REASONS.map(CloseReason::as_str);
         for (reason, count) in labels.iter().chain(&["other"]).zip(&API_CLOSES) {

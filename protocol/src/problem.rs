@@ -80,6 +80,9 @@ pub mod kind {
     pub const BAD_QUERY: &str = "bad-query";
     /// A control-plane listener at its connection limit with every connection busy (503).
     pub const TOO_MANY_CONNECTIONS: &str = "too-many-connections";
+    /// A long poll of the node API over its limit, for its client or in all (429, with
+    /// `retry-after`).
+    pub const TOO_MANY_LONG_POLLS: &str = "too-many-long-polls";
     /// A node API request whose client certificate's role does not allow it (403); the
     /// detail names the role needed and the credential (`crate::roles`).
     pub const FORBIDDEN_ROLE: &str = "forbidden-role";

@@ -72,12 +72,16 @@ pub(crate) const ADMIN_KEEPALIVE_TIMEOUT_MS: u64 = 15_000;
 /// What the admin listener's accept loop allows: its own connection limit and header
 /// timeout (`limits.admin_connections_max`, `limits.admin_header_read_timeout_ms`), apart
 /// from the data port's, so that neither the data port nor idle admin connections lock
-/// out the announce or the operator; and idle-first eviction at the limit.
+/// out the announce or the operator; idle-first eviction at the limit; and the request
+/// timeout ([`palisade_server::CONTROL_REQUEST_TIMEOUT_MS`]), within which a body must
+/// arrive, read before the request holds its connection, so that clients sending slow
+/// bodies are evictable and cannot fill the port.
 pub(crate) fn limits(config: &crate::config::Limits, drain_timeout: Duration) -> ControlLimits {
     ControlLimits {
         name: "admin",
         connections_max: config.admin_connections_max,
         header_read_timeout: Duration::from_millis(config.admin_header_read_timeout_ms),
+        request_timeout: Duration::from_millis(palisade_server::CONTROL_REQUEST_TIMEOUT_MS),
         keepalive_timeout: Duration::from_millis(ADMIN_KEEPALIVE_TIMEOUT_MS),
         drain_timeout,
         on_close: Some(m::connection_closed),

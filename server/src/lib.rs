@@ -41,7 +41,8 @@ pub mod tls;
 
 pub use api::{ApiJson, ApiProblem, ApiQuery, finish};
 pub use conns::{
-    ADMISSION_RECHECK_MS, Admitted, CloseHook, CloseReason, ConnPolicy, Connections, InFlight,
-    Releasable, RequestTracker, Served, Stopped, TrackedBody,
+    ADMISSION_RECHECK_MS, Admitted, BodyRefused, CONTROL_BODY_BYTES_MAX,
+    CONTROL_REQUEST_TIMEOUT_MS, CloseHook, CloseReason, ConnPolicy, Connections, InFlight,
+    Releasable, RequestTracker, Served, Stopped, TrackedBody, read_body,
 };
 pub use serve::{ACCEPT_BACKOFF_MS, ControlLimits, serve, serve_tls};

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
-use crate::conns::{CloseHook, ConnPolicy, Connections};
+use crate::conns::{CloseHook, CloseReason, ConnPolicy, Connections};
 use crate::roles::PeerCredential;
 
 /// Pause after a failed accept (for example EMFILE), so the loop does not spin.
@@ -38,6 +38,12 @@ pub struct ControlLimits {
     /// Time a client has, from accept, to finish its TLS handshake and send a whole
     /// request head.
     pub header_read_timeout: Duration,
+    /// Time a client has, once its request head is read, to send the whole body
+    /// (normally [`CONTROL_REQUEST_TIMEOUT_MS`](crate::CONTROL_REQUEST_TIMEOUT_MS)). The
+    /// body is read before the request counts as in flight, so a connection still sending
+    /// one can be evicted at the limit; past this it is answered 408 and closed, and told
+    /// to `on_close` as [`CloseReason::RequestTimeout`].
+    pub request_timeout: Duration,
     /// Time a keep-alive connection may stay idle between requests.
     pub keepalive_timeout: Duration,
     /// Time in-flight requests get to finish at shutdown.
@@ -81,6 +87,11 @@ pub async fn serve(
 /// client presented a certificate carries its credential, a
 /// [`PeerCredential`](crate::roles::PeerCredential) in its extensions (read it with
 /// [`Caller`](crate::roles::Caller)).
+///
+/// A request's body is read whole ([`crate::read_body`]) before the request counts as
+/// in flight and reaches `router`: until then its connection is idle to the connection
+/// table, and so evictable, and at `limits.request_timeout` it is answered 408
+/// (`body-timeout`) and closed. Only requests that reached `router` hold their slot.
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,
@@ -123,28 +134,44 @@ pub async fn serve_tls(
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let requests = admitted.requests();
+        let (name, on_close, request_timeout) =
+            (limits.name, limits.on_close, limits.request_timeout);
         // Each request carries the client's address and, on a TLS connection with a
         // client certificate, its credential (`crate::roles`).
         let service = move |credential: Option<PeerCredential>| {
-            hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
-                let in_flight = requests.enter();
-                let extensions = request.extensions_mut();
-                extensions.insert(ConnectInfo::<SocketAddr>(peer));
-                if let Some(credential) = &credential {
-                    extensions.insert(credential.clone());
-                }
+            hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                let requests = requests.clone();
                 let router = router.clone();
+                let credential = credential.clone();
                 async move {
-                    let response = router
-                        .oneshot(request.map(axum::body::Body::new))
-                        .await
-                        .into_response();
+                    let (mut parts, body) = request.into_parts();
+                    let body = match crate::read_body(body, request_timeout).await {
+                        Ok(body) => body,
+                        Err(refused) => {
+                            tracing::info!(listener = name, %peer, cause = %refused,
+                                "request body refused; closing");
+                            if matches!(refused, crate::BodyRefused::Timeout { .. })
+                                && let Some(hook) = on_close
+                            {
+                                hook(name, CloseReason::RequestTimeout);
+                            }
+                            let response = refused_body(refused);
+                            return Ok::<_, Infallible>(requests.enter().carry(response));
+                        }
+                    };
+                    // Only now, body in hand, does the request hold its connection.
+                    let in_flight = requests.enter();
+                    parts.extensions.insert(ConnectInfo::<SocketAddr>(peer));
+                    if let Some(credential) = credential {
+                        parts.extensions.insert(credential);
+                    }
+                    let request = Request::from_parts(parts, axum::body::Body::from(body));
+                    let response = router.oneshot(request).await.into_response();
                     Ok::<_, Infallible>(in_flight.carry(response))
                 }
             })
         };
         let builder = builder.clone();
-        let name = limits.name;
         let tls = tls.clone();
         tokio::spawn(async move {
             let ended = match tls {
@@ -196,6 +223,17 @@ pub async fn serve_tls(
     }
 }
 
+/// The answer to a request whose body was not read: its problem, and `connection:
+/// close`, since the rest of the body (if any) is never read.
+fn refused_body(refused: crate::BodyRefused) -> axum::response::Response {
+    let mut response = crate::ApiProblem(refused.problem()).into_response();
+    response.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 /// Answers a connection over the limit with a 503 problem and closes it, without
 /// reading its request: the client learns why, and nothing it sent is acted on.
 async fn refuse_over_limit(mut stream: tokio::net::TcpStream, name: &'static str, limit: usize) {
@@ -237,6 +275,7 @@ mod tests {
             name: "test",
             connections_max,
             header_read_timeout,
+            request_timeout: Duration::from_secs(5),
             keepalive_timeout: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(1),
             on_close: None,
@@ -421,6 +460,69 @@ mod tests {
         assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
         assert_closed_by_server(&mut stream, Duration::from_secs(10)).await;
         assert_eq!(KEEPALIVE_TIMEOUTS.load(Ordering::SeqCst), 1);
+        running.stop().await;
+    }
+
+    /// Goal: a client that sends a head and then its body a byte at a time is answered
+    /// 408 (`body-timeout`) at the request timeout, its connection closed and counted as
+    /// `request-timeout`.
+    /// Method: a 300 ms request timeout and a counting hook; send a head announcing 4000
+    /// bytes and one byte of body; read the answer (bounded at 10 s).
+    #[tokio::test]
+    async fn a_body_that_does_not_arrive_is_answered_408_at_the_request_timeout() {
+        static REQUEST_TIMEOUTS: AtomicUsize = AtomicUsize::new(0);
+        fn hook(_: &'static str, reason: CloseReason) {
+            if reason == CloseReason::RequestTimeout {
+                REQUEST_TIMEOUTS.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let limits = ControlLimits {
+            request_timeout: Duration::from_millis(300),
+            on_close: Some(hook),
+            ..limits(4, Duration::from_secs(30))
+        };
+        let running = Running::start(limits, Arc::default()).await;
+        let mut slow = TcpStream::connect(running.addr).await.unwrap();
+        slow.write_all(b"POST /v1/x HTTP/1.1\r\nhost: x\r\ncontent-length: 4000\r\n\r\n{")
+            .await
+            .unwrap();
+        let mut text = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut text))
+            .await
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&text);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("body-timeout"), "{text}");
+        assert_eq!(REQUEST_TIMEOUTS.load(Ordering::SeqCst), 1);
+        running.stop().await;
+    }
+
+    /// Goal: connections still sending their bodies do not hold the listener: at the
+    /// limit a new client evicts one and is served.
+    /// Method: a limit of 2 and a 30 s request timeout; two connections that sent a head
+    /// and part of a body; a third client's request is answered 200 at once.
+    #[tokio::test]
+    async fn connections_sending_slow_bodies_are_evicted_for_a_new_client() {
+        let limits = ControlLimits {
+            request_timeout: Duration::from_secs(30),
+            ..limits(2, Duration::from_secs(30))
+        };
+        let running = Running::start(limits, Arc::default()).await;
+        let mut slow = Vec::new();
+        for _ in 0..2 {
+            let mut stream = TcpStream::connect(running.addr).await.unwrap();
+            stream
+                .write_all(b"POST /v1/x HTTP/1.1\r\nhost: x\r\ncontent-length: 4000\r\n\r\n{")
+                .await
+                .unwrap();
+            slow.push(stream);
+        }
+        // Let the server read both heads before the third client comes.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let answer = request(running.addr, "/v1/x", Duration::from_secs(5)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+        drop(slow);
         running.stop().await;
     }
 }

@@ -213,11 +213,11 @@ class Proxy:
         if tls:
             pki = workdir / "pki"
             done = subprocess.run(
-                [str(palisade_bin()), "certs", "generate", "--out", str(pki), "--names", "proxy",
+                [str(palisade_bin()), "certs", "generate", "--out", str(pki), "--names", "proxy-tls",
                  "--hosts", "127.0.0.1"], capture_output=True, text=True, timeout=60)
             assert done.returncode == 0, done.stderr
             self.ca = pki / "ca.pem"
-            tls_flags = ["--tls-cert", pki / "proxy.pem", "--tls-key", pki / "proxy.key"]
+            tls_flags = ["--tls-cert", pki / "proxy-tls.pem", "--tls-key", pki / "proxy-tls.key"]
         self.process = Process(
             "palisade proxy",
             [palisade_bin(), "proxy", "--config", config,

@@ -17,7 +17,7 @@ use palisade_tests::process::start_cluster;
 const SETTLE: Duration = Duration::from_secs(15);
 
 /// Three fast nodes that do not announce (a token then counts as announced at once).
-fn start(dir: &std::path::Path) -> Cluster {
+pub(crate) fn start(dir: &std::path::Path) -> Cluster {
     let spec = ClusterSpec {
         nodes: 3,
         node_flags: vec!["--tick-ms".into(), "20".into()],

@@ -64,6 +64,7 @@ mod audit_flood;
 mod client_embedded;
 mod client_rust;
 mod demo;
+mod doors;
 mod election_announce;
 mod election_announce_list;
 mod election_process;

@@ -41,7 +41,7 @@ const FLOOD_RECONNECT_PACE_MS: u64 = 50;
 /// Raises this process's soft file-descriptor limit to `needed` if it is below, within
 /// the hard limit; panics if the hard limit is too small for the test. (nix's `resource`
 /// feature is on through `palisade-proxy`, which raises its own limit the same way.)
-fn raise_own_fd_limit(needed: u64) {
+pub(crate) fn raise_own_fd_limit(needed: u64) {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     if soft >= needed {

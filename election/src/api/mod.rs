@@ -45,6 +45,7 @@
 //! - `mod.rs` (this file): the limits, [`serve`], and the router ([`app`]).
 //! - `state`: `ApiState`, what every handler shares, with the lease grants' part.
 //! - `leader`: `GET /v1/leader` and its long poll.
+//! - `long_polls`: the limits on long polls held at once, per client and in all.
 //! - `transfer`: `POST /v1/transfer` and `POST /v1/resign`.
 //! - `lease`: `POST /v1/lease` (the election loop's side is `crate::node`'s
 //!   `lease_rounds`).
@@ -61,6 +62,7 @@ mod faults;
 mod health;
 mod leader;
 mod lease;
+mod long_polls;
 mod members;
 mod roles;
 mod state;
@@ -85,6 +87,7 @@ use tokio_rustls::TlsAcceptor;
 
 pub use leader::{LONG_POLL_TIMEOUT_MS_DEFAULT, LONG_POLL_TIMEOUT_MS_MAX};
 pub use lease::{LEASE_BUSY, LEASE_TIMEOUT, LEASE_WAIT_TIMEOUT_MS};
+pub use long_polls::{LONG_POLL_RETRY_AFTER_S, LONG_POLLS_MAX, LONG_POLLS_PER_CLIENT_MAX};
 pub use state::LEASE_PENDING_MAX;
 pub(crate) use state::{ApiState, LeaseApi};
 
@@ -100,9 +103,7 @@ pub const API_HEADER_TIMEOUT_MS: u64 = 10_000;
 /// Time a keep-alive API connection may stay idle between requests; a long poll is a
 /// request in flight, not idle.
 pub const API_KEEPALIVE_TIMEOUT_MS: u64 = 30_000;
-/// Connections the node API closed on its own, by `reason` (header-timeout,
-/// keepalive-timeout, evicted-idle).
-pub const API_CONNECTION_CLOSES: &str = "palisade_node_api_connection_closes_total";
+pub use crate::metrics::API_CONNECTION_CLOSES;
 /// Time in-flight requests get to finish at shutdown.
 pub const API_DRAIN_TIMEOUT_MS: u64 = 2_000;
 
@@ -118,6 +119,7 @@ pub(crate) async fn serve(listener: TcpListener, state: ApiState, tls: Option<Tl
         name: "node-api",
         connections_max: API_CONNECTIONS_MAX,
         header_read_timeout: Duration::from_millis(API_HEADER_TIMEOUT_MS),
+        request_timeout: Duration::from_millis(palisade_server::CONTROL_REQUEST_TIMEOUT_MS),
         keepalive_timeout: Duration::from_millis(API_KEEPALIVE_TIMEOUT_MS),
         drain_timeout: Duration::from_millis(API_DRAIN_TIMEOUT_MS),
         on_close: Some(crate::metrics::api_connection_closed),
@@ -176,6 +178,8 @@ pub(crate) fn app(state: ApiState) -> Router {
             ),
         );
     }
+    // The long polls' places (`long_polls`), one table per API.
+    let router = router.layer(axum::Extension(Arc::new(long_polls::LongPolls::default())));
     finish(router.with_state(state), API_NAME, API_BODY_BYTES_MAX)
 }
 

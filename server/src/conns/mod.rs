@@ -35,11 +35,17 @@
 //! signalled on the request path: a connection's task re-reads the slot when its timer
 //! fires.
 //!
+//! The control plane reads each request's body before counting the request in flight
+//! (`body`, [`read_body`]): a connection still sending its body is idle to this table,
+//! so it can be evicted, and it is answered 408 and closed at the request timeout.
+//!
 //! The files: `slot` (one connection's state and what its task does next), `table`
 //! ([`Connections`]: admission, eviction, shutdown, drain), `admitted` ([`Admitted`]: the
-//! handshake, serving and parking of one connection), `requests` (request counting).
+//! handshake, serving and parking of one connection), `requests` (request counting),
+//! `body` (the control plane's request deadline).
 
 mod admitted;
+mod body;
 mod requests;
 mod slot;
 mod table;
@@ -50,6 +56,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 pub use admitted::Admitted;
+pub use body::{BodyRefused, CONTROL_BODY_BYTES_MAX, CONTROL_REQUEST_TIMEOUT_MS, read_body};
 pub use requests::{InFlight, RequestTracker, TrackedBody};
 pub use table::Connections;
 
@@ -70,11 +77,14 @@ pub enum CloseReason {
     /// A write to the client made no progress for the write timeout: a client that
     /// stopped reading its response.
     WriteTimeout,
+    /// A control-plane request whose body did not arrive within the request timeout
+    /// (answered 408, then closed).
+    RequestTimeout,
 }
 
 impl CloseReason {
     /// The metric label: `header-timeout`, `keepalive-timeout`, `evicted-idle`,
-    /// `write-timeout`.
+    /// `write-timeout`, `request-timeout`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -82,6 +92,7 @@ impl CloseReason {
             Self::KeepaliveTimeout => "keepalive-timeout",
             Self::EvictedIdle => "evicted-idle",
             Self::WriteTimeout => "write-timeout",
+            Self::RequestTimeout => "request-timeout",
         }
     }
 }

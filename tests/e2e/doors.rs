@@ -1,0 +1,192 @@
+//! No anonymous or slow client can hold a control-plane door, end to end: hundreds of
+//! connections that send a head and then a body a byte at a time cannot keep an operator
+//! or an announce off a proxy's admin port, and hundreds of long polls cannot keep other
+//! calls off a node's API. Raw TCP clients, a real proxy and a real cluster.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use palisade_protocol::DEFAULT_SCOPE;
+use palisade_tests::fixtures::{proxy_with_upstream_args, settled_leader};
+use palisade_tests::trust::{TokenKeys, admin_token_file};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+
+/// Hostile connections each test holds open.
+const HOSTILE: usize = 500;
+/// The bound on an operator's read, an announce, or a plain API call under load.
+const ANSWER_WITHIN: Duration = Duration::from_secs(1);
+/// How long the hostile clients keep at it.
+const HOLD: Duration = Duration::from_secs(12);
+/// Deadline for a cluster to elect a leader.
+const SETTLE: Duration = Duration::from_secs(15);
+
+/// Sends `request` on a new connection and reads until the end of the answer's head;
+/// the status line, or why none came within [`ANSWER_WITHIN`] (connecting included).
+async fn status_within(addr: SocketAddr, request: &str) -> Result<String, String> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut text = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !text.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err(format!(
+                    "closed before a head: {:?}",
+                    String::from_utf8_lossy(&text)
+                ));
+            }
+            text.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&text).into_owned();
+        Ok(text.lines().next().unwrap_or_default().to_owned())
+    };
+    tokio::time::timeout(ANSWER_WITHIN, exchange)
+        .await
+        .map_err(|_| format!("no answer within {ANSWER_WITHIN:?}"))?
+}
+
+/// Keeps connecting to `addr` until `until`: each connection sends `head`, then one
+/// byte every second, and is replaced when the server closes it.
+async fn hostile_client(addr: SocketAddr, head: String, until: tokio::time::Instant) {
+    while tokio::time::Instant::now() < until {
+        let Ok(mut stream) = TcpStream::connect(addr).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        if stream.write_all(head.as_bytes()).await.is_err() {
+            continue;
+        }
+        let mut buf = [0u8; 1024];
+        loop {
+            tokio::select! {
+                read = stream.read(&mut buf) => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        break;
+                    }
+                }
+                () = tokio::time::sleep(Duration::from_secs(1)) => {
+                    if stream.write_all(b" ").await.is_err() {
+                        break;
+                    }
+                }
+                () = tokio::time::sleep_until(until) => return,
+            }
+        }
+    }
+}
+
+/// Goal: slow bodies with no credential cannot hold a proxy's admin port: under
+/// [`HOSTILE`] connections each sending `POST /v1/fences/default` with a 4000-byte
+/// `content-length` a byte a second, an operator's `GET /v1/fences` with the bearer
+/// token and an announce with a valid proof each land within one second.
+/// Method: a proxy with `--token-pub` and `--admin-token-file`; 500 raw TCP clients that
+/// reconnect whenever the proxy closes them; after 3 s of that, five rounds of one read
+/// and one announce (of a rising token), each on a new connection, each bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_cannot_keep_an_operator_or_an_announce_off_the_admin_port() {
+    crate::use_tested_binary();
+    crate::proxy_connections::raise_own_fd_limit(4096);
+    let dir = tempfile::tempdir().unwrap();
+    let keys = TokenKeys::generate(&dir.path().join("keys"));
+    let (token_file, bearer) = admin_token_file(dir.path());
+    let (_upstream, proxy) = proxy_with_upstream_args(
+        &dir.path().join("proxy"),
+        &[
+            "--token-pub",
+            keys.public_arg(),
+            "--admin-token-file",
+            token_file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let admin = proxy.admin;
+    let signer = keys.signer();
+    let until = tokio::time::Instant::now() + HOLD;
+    let head = format!(
+        "POST /v1/fences/{DEFAULT_SCOPE} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4000\r\n\r\n{{"
+    );
+    let mut hostile = JoinSet::new();
+    for _ in 0..HOSTILE {
+        hostile.spawn(hostile_client(admin, head.clone(), until));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for token in 10..15_u64 {
+        let read = format!(
+            "GET /v1/fences HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {bearer}\r\nconnection: close\r\n\r\n"
+        );
+        let status = status_within(admin, &read).await;
+        assert!(
+            status.as_ref().is_ok_and(|s| s.contains(" 200 ")),
+            "operator's read, round {token}: {status:?}"
+        );
+        let body = format!(
+            "{{\"token\":{token},\"proof\":\"{}\"}}",
+            signer.prove(DEFAULT_SCOPE, token)
+        );
+        let announce = format!(
+            "POST /v1/fences/{DEFAULT_SCOPE} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let status = status_within(admin, &announce).await;
+        assert!(
+            status.as_ref().is_ok_and(|s| s.contains(" 200 ")),
+            "announce of token {token}: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    hostile.abort_all();
+}
+
+/// Goal: long polls cannot lock out a node's API: under [`HOSTILE`] long polls of
+/// `GET /v1/leader` on the leader, a plain `GET /v1/leader` is answered within one
+/// second, and long polls over the limit are refused 429 at once.
+/// Method: a three-node plaintext cluster; 500 raw TCP clients each holding
+/// `GET /v1/leader?after_term=T&timeout_ms=60000` (T the current term) and re-polling
+/// when answered; after 3 s, five plain reads, each on a new connection, each bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_cannot_lock_out_a_nodes_api() {
+    crate::use_tested_binary();
+    crate::proxy_connections::raise_own_fd_limit(4096);
+    let dir = tempfile::tempdir().unwrap();
+    // Three fast nodes that do not announce.
+    let cluster = crate::election_process::start(dir.path());
+    let leader = settled_leader(&cluster, &cluster.ids(), SETTLE, "a settled leader").await;
+    let leader_id = leader.leader_id.unwrap();
+    let url = cluster.node(leader_id).unwrap().api_url("");
+    let api: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let poll = format!(
+        "GET /v1/leader?after_term={}&timeout_ms=60000 HTTP/1.1\r\nhost: x\r\n\r\n",
+        leader.term
+    );
+    let until = tokio::time::Instant::now() + HOLD;
+    let mut hostile = JoinSet::new();
+    for _ in 0..HOSTILE {
+        hostile.spawn(hostile_client(api, poll.clone(), until));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let refused = status_within(
+        api,
+        &poll.replace("\r\n\r\n", "\r\nconnection: close\r\n\r\n"),
+    )
+    .await;
+    assert!(
+        refused.as_ref().is_ok_and(|s| s.contains(" 429 ")),
+        "a long poll over the limit is refused at once: {refused:?}"
+    );
+    for round in 0..5 {
+        let read = "GET /v1/leader HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+        let status = status_within(api, read).await;
+        assert!(
+            status.as_ref().is_ok_and(|s| s.contains(" 200 ")),
+            "plain read, round {round}: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    hostile.abort_all();
+}
