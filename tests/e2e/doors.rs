@@ -190,3 +190,105 @@ async fn long_polls_cannot_lock_out_a_nodes_api() {
     }
     hostile.abort_all();
 }
+
+/// Goal: in fleet mode, [`HOSTILE`] long polls held on the leader's API do not stop the
+/// proxies' lease renewals: fleet writes keep succeeding, each within one second, for
+/// longer than several leases.
+/// Method: three nodes with `--lease-ms 1000` announcing to one fleet proxy (`--cluster`)
+/// in front of a recording upstream; once a write with the leader's token is admitted,
+/// 500 raw clients hold and renew long polls on the leader; for 8 s, a write every
+/// 400 ms through the proxy, each answered 200 within [`ANSWER_WITHIN`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_on_the_leader_cannot_stop_fleet_writes() {
+    crate::use_tested_binary();
+    crate::proxy_connections::raise_own_fd_limit(4096);
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = palisade_tests::upstream::RecordingUpstream::start().await;
+    let admin_port = palisade_cluster::free_port().unwrap();
+    let spec = palisade_cluster::ClusterSpec {
+        nodes: 3,
+        node_flags: vec![
+            "--lease-ms".to_owned(),
+            "1000".to_owned(),
+            "--announce".to_owned(),
+            format!("http://127.0.0.1:{admin_port}"),
+        ],
+        ..palisade_cluster::ClusterSpec::default()
+    };
+    let options = palisade_cluster::ClusterOptions {
+        announce: false,
+        ..palisade_cluster::ClusterOptions::default()
+    };
+    let cluster = palisade_tests::process::start_cluster(dir.path(), &spec, &options);
+    let nodes: Vec<String> = cluster
+        .ids()
+        .into_iter()
+        .map(|id| {
+            cluster
+                .node(id)
+                .unwrap()
+                .api_url("")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let proxy = palisade_cluster::ProxyProcess::start_with(
+        &dir.path().join("proxy"),
+        "127.0.0.1:0",
+        &format!("127.0.0.1:{admin_port}"),
+        &["--upstream", &upstream.url(), "--cluster", &nodes.join(",")],
+        &[],
+    )
+    .unwrap();
+    let leader = settled_leader(&cluster, &cluster.ids(), SETTLE, "a settled leader").await;
+    let token = leader.token.expect("the settled leader holds a token");
+    let first = palisade_cluster::wait::poll(SETTLE, || async {
+        let answer = palisade_tests::client::put(&proxy.url("/k"), token, "first").await;
+        (answer.status == http::StatusCode::OK).then_some(())
+    })
+    .await;
+    assert!(
+        first.is_some(),
+        "the leader's token was never admitted by the fleet proxy"
+    );
+
+    let api: SocketAddr = cluster
+        .node(leader.leader_id.unwrap())
+        .unwrap()
+        .api_url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+    let poll = format!(
+        "GET /v1/leader?after_term={}&timeout_ms=60000 HTTP/1.1\r\nhost: x\r\n\r\n",
+        leader.term
+    );
+    let until = tokio::time::Instant::now() + HOLD;
+    let mut hostile = JoinSet::new();
+    for _ in 0..HOSTILE {
+        hostile.spawn(hostile_client(api, poll.clone(), until));
+    }
+    let writes_until = tokio::time::Instant::now() + Duration::from_secs(8);
+    let mut round = 0;
+    while tokio::time::Instant::now() < writes_until {
+        let write = tokio::time::timeout(
+            ANSWER_WITHIN,
+            palisade_tests::client::put(&proxy.url("/k"), token, format!("w{round}")),
+        )
+        .await;
+        let (status, text) = match write {
+            Ok(answer) => (Some(answer.status), answer.text()),
+            Err(_) => (None, format!("no answer within {ANSWER_WITHIN:?}")),
+        };
+        assert_eq!(
+            status,
+            Some(http::StatusCode::OK),
+            "fleet write {round} under the long polls: {text}"
+        );
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    hostile.abort_all();
+    assert!(round >= 10, "only {round} writes were tried");
+}
