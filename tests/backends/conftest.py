@@ -18,6 +18,7 @@ whose binary is absent skips its tests, unless ``PALISADE_BACKENDS_REQUIRED=1`` 
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -239,6 +240,16 @@ class Proxy:
     def advance(self, scope: str, token: int):
         status, body = http_json("POST", f"{self.admin}/v1/fences/{scope}", {"token": token})
         assert status == 200, (status, body)
+
+    def rejections(self, reason: str) -> int:
+        """How many requests the proxy has refused for ``reason`` (a problem kind:
+        ``missing-token``, ``stale-token``...), from ``palisade_proxy_rejections_total``
+        in its metrics: the proxy's own count, whatever the client made of the answer."""
+        status, _, body = http("GET", self.admin + "/metrics")
+        assert status == 200, body
+        pattern = re.compile(r'^palisade_proxy_rejections_total\{[^}]*reason="' + re.escape(reason)
+                             + r'"[^}]*\} (\S+)$')
+        return sum(int(float(m.group(1))) for line in body.decode().splitlines() if (m := pattern.match(line)))
 
     def peak_rss_bytes(self) -> int:
         """The proxy's peak resident memory so far (``VmHWM``), in bytes."""
