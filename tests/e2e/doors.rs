@@ -51,6 +51,36 @@ async fn status_within(addr: SocketAddr, request: &str) -> Result<String, String
         .map_err(|_| format!("no answer within {ANSWER_WITHIN:?}"))?
 }
 
+/// [`HOSTILE`] clients holding (and renewing, for [`HOLD`]) long polls of
+/// `GET /v1/leader?after_term=TERM&timeout_ms=60000` on the node API at `api`. Dropping
+/// the set aborts them.
+fn hold_long_polls(api: SocketAddr, term: u64) -> JoinSet<()> {
+    let poll =
+        format!("GET /v1/leader?after_term={term}&timeout_ms=60000 HTTP/1.1\r\nhost: x\r\n\r\n");
+    let until = tokio::time::Instant::now() + HOLD;
+    let mut hostile = JoinSet::new();
+    for _ in 0..HOSTILE {
+        hostile.spawn(hostile_client(api, poll.clone(), until));
+    }
+    hostile
+}
+
+/// What every test here starts with: the tested binary, room for the flood's file
+/// descriptors, and a temporary directory.
+fn prepare() -> tempfile::TempDir {
+    crate::use_tested_binary();
+    crate::proxy_connections::raise_own_fd_limit(4096);
+    tempfile::tempdir().unwrap()
+}
+
+/// Asserts that `status` (from [`status_within`]) is a 200 status line, saying `what`.
+fn assert_ok(status: &Result<String, String>, what: &str) {
+    assert!(
+        status.as_ref().is_ok_and(|s| s.contains(" 200 ")),
+        "{what}: {status:?}"
+    );
+}
+
 /// Keeps connecting to `addr` until `until`: each connection sends `head`, then one
 /// byte every second, and is replaced when the server closes it.
 async fn hostile_client(addr: SocketAddr, head: String, until: tokio::time::Instant) {
@@ -90,9 +120,7 @@ async fn hostile_client(addr: SocketAddr, head: String, until: tokio::time::Inst
 /// and one announce (of a rising token), each on a new connection, each bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_bodies_cannot_keep_an_operator_or_an_announce_off_the_admin_port() {
-    crate::use_tested_binary();
-    crate::proxy_connections::raise_own_fd_limit(4096);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = prepare();
     let keys = TokenKeys::generate(&dir.path().join("keys"));
     let (token_file, bearer) = admin_token_file(dir.path());
     let (_upstream, proxy) = proxy_with_upstream_args(
@@ -111,6 +139,7 @@ async fn slow_bodies_cannot_keep_an_operator_or_an_announce_off_the_admin_port()
     let head = format!(
         "POST /v1/fences/{DEFAULT_SCOPE} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4000\r\n\r\n{{"
     );
+    // Dropped at the end of the test, which aborts every hostile client.
     let mut hostile = JoinSet::new();
     for _ in 0..HOSTILE {
         hostile.spawn(hostile_client(admin, head.clone(), until));
@@ -121,9 +150,9 @@ async fn slow_bodies_cannot_keep_an_operator_or_an_announce_off_the_admin_port()
             "GET /v1/fences HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {bearer}\r\nconnection: close\r\n\r\n"
         );
         let status = status_within(admin, &read).await;
-        assert!(
-            status.as_ref().is_ok_and(|s| s.contains(" 200 ")),
-            "operator's read, round {token}: {status:?}"
+        assert_ok(
+            &status,
+            &format!("operator's read, round {token}: {status:?}"),
         );
         let body = format!(
             "{{\"token\":{token},\"proof\":\"{}\"}}",
@@ -134,13 +163,9 @@ async fn slow_bodies_cannot_keep_an_operator_or_an_announce_off_the_admin_port()
             body.len()
         );
         let status = status_within(admin, &announce).await;
-        assert!(
-            status.as_ref().is_ok_and(|s| s.contains(" 200 ")),
-            "announce of token {token}: {status:?}"
-        );
+        assert_ok(&status, &format!("announce of token {token}"));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    hostile.abort_all();
 }
 
 /// Goal: long polls cannot lock out a node's API: under [`HOSTILE`] long polls of
@@ -151,9 +176,7 @@ async fn slow_bodies_cannot_keep_an_operator_or_an_announce_off_the_admin_port()
 /// when answered; after 3 s, five plain reads, each on a new connection, each bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_polls_cannot_lock_out_a_nodes_api() {
-    crate::use_tested_binary();
-    crate::proxy_connections::raise_own_fd_limit(4096);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = prepare();
     // Three nodes at the default tick (not the fast ticks of other tests): 500 busy
     // connections on a loaded machine must not cause a spurious election, which would
     // answer every long poll at once and leave none held.
@@ -172,15 +195,8 @@ async fn long_polls_cannot_lock_out_a_nodes_api() {
     let leader_id = leader.leader_id.unwrap();
     let url = cluster.node(leader_id).unwrap().api_url("");
     let api: SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-    let poll = format!(
-        "GET /v1/leader?after_term={}&timeout_ms=60000 HTTP/1.1\r\nhost: x\r\n\r\n",
-        leader.term
-    );
-    let until = tokio::time::Instant::now() + HOLD;
-    let mut hostile = JoinSet::new();
-    for _ in 0..HOSTILE {
-        hostile.spawn(hostile_client(api, poll.clone(), until));
-    }
+    // Dropped at the end of the test, which aborts every hostile client.
+    let _hostile = hold_long_polls(api, leader.term);
     tokio::time::sleep(Duration::from_secs(3)).await;
     // One more long poll, for the term the leader holds now, is refused at once. (Should
     // the term have moved meanwhile, the poll is answered 200 with the new view, which is
@@ -208,13 +224,9 @@ async fn long_polls_cannot_lock_out_a_nodes_api() {
     for round in 0..5 {
         let read = "GET /v1/leader HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
         let status = status_within(api, read).await;
-        assert!(
-            status.as_ref().is_ok_and(|s| s.contains(" 200 ")),
-            "plain read, round {round}: {status:?}"
-        );
+        assert_ok(&status, &format!("plain read, round {round}"));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    hostile.abort_all();
 }
 
 /// Goal: in fleet mode, [`HOSTILE`] long polls held on the leader's API do not stop the
@@ -226,43 +238,19 @@ async fn long_polls_cannot_lock_out_a_nodes_api() {
 /// 400 ms through the proxy, each answered 200 within [`ANSWER_WITHIN`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_polls_on_the_leader_cannot_stop_fleet_writes() {
-    crate::use_tested_binary();
-    crate::proxy_connections::raise_own_fd_limit(4096);
-    let dir = tempfile::tempdir().unwrap();
+    let dir = prepare();
     let upstream = palisade_tests::upstream::RecordingUpstream::start().await;
     let admin_port = palisade_cluster::free_port().unwrap();
-    let spec = palisade_cluster::ClusterSpec {
-        nodes: 3,
-        node_flags: vec![
-            "--lease-ms".to_owned(),
-            "1000".to_owned(),
-            "--announce".to_owned(),
-            format!("http://127.0.0.1:{admin_port}"),
-        ],
-        ..palisade_cluster::ClusterSpec::default()
-    };
-    let options = palisade_cluster::ClusterOptions {
-        announce: false,
-        ..palisade_cluster::ClusterOptions::default()
-    };
-    let cluster = palisade_tests::process::start_cluster(dir.path(), &spec, &options);
-    let nodes: Vec<String> = cluster
-        .ids()
-        .into_iter()
-        .map(|id| {
-            cluster
-                .node(id)
-                .unwrap()
-                .api_url("")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
+    let (cluster, nodes) = crate::fleet_proxy::start_leased_cluster(
+        dir.path(),
+        1_000,
+        &[format!("http://127.0.0.1:{admin_port}")],
+    );
     let proxy = palisade_cluster::ProxyProcess::start_with(
         &dir.path().join("proxy"),
         "127.0.0.1:0",
         &format!("127.0.0.1:{admin_port}"),
-        &["--upstream", &upstream.url(), "--cluster", &nodes.join(",")],
+        &["--upstream", &upstream.url(), "--cluster", &nodes],
         &[],
     )
     .unwrap();
@@ -286,15 +274,8 @@ async fn long_polls_on_the_leader_cannot_stop_fleet_writes() {
         .trim_end_matches('/')
         .parse()
         .unwrap();
-    let poll = format!(
-        "GET /v1/leader?after_term={}&timeout_ms=60000 HTTP/1.1\r\nhost: x\r\n\r\n",
-        leader.term
-    );
-    let until = tokio::time::Instant::now() + HOLD;
-    let mut hostile = JoinSet::new();
-    for _ in 0..HOSTILE {
-        hostile.spawn(hostile_client(api, poll.clone(), until));
-    }
+    // Dropped at the end of the test, which aborts every hostile client.
+    let _hostile = hold_long_polls(api, leader.term);
     let writes_until = tokio::time::Instant::now() + Duration::from_secs(8);
     let mut round = 0;
     while tokio::time::Instant::now() < writes_until {
@@ -315,6 +296,5 @@ async fn long_polls_on_the_leader_cannot_stop_fleet_writes() {
         round += 1;
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
-    hostile.abort_all();
     assert!(round >= 10, "only {round} writes were tried");
 }

@@ -295,6 +295,44 @@ async fn unlisted_proxy_gets_no_lease() {
 /// The lease the real nodes grant in [`real_cluster_fences_both_proxies_and_stops_writes_when_stopped`].
 const NODE_LEASE_MS: u64 = 1_000;
 
+/// Three nodes started with `--lease-ms lease_ms` and one `--announce` per proxy admin
+/// URL in `proxies` (not announcing to the launcher's own proxy), and their API URLs
+/// joined with commas, as a fleet proxy's `--cluster` takes them.
+pub(crate) fn start_leased_cluster(
+    dir: &std::path::Path,
+    lease_ms: u64,
+    proxies: &[String],
+) -> (palisade_cluster::Cluster, String) {
+    let mut node_flags = vec!["--lease-ms".to_owned(), lease_ms.to_string()];
+    for proxy in proxies {
+        node_flags.extend(["--announce".to_owned(), proxy.clone()]);
+    }
+    let spec = palisade_cluster::ClusterSpec {
+        nodes: 3,
+        node_flags,
+        ..palisade_cluster::ClusterSpec::default()
+    };
+    let options = palisade_cluster::ClusterOptions {
+        announce: false,
+        ..palisade_cluster::ClusterOptions::default()
+    };
+    let cluster = palisade_tests::process::start_cluster(dir, &spec, &options);
+    let urls: Vec<String> = cluster
+        .ids()
+        .into_iter()
+        .map(|id| {
+            cluster
+                .node(id)
+                .unwrap()
+                .api_url("")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    let urls = urls.join(",");
+    (cluster, urls)
+}
+
 /// Goal: against real `palisade node` processes started with `--lease-ms` and
 /// `--announce` naming two fleet proxies: the leader's token is admitted at both; after a
 /// leadership transfer the old token is refused at BOTH proxies, also at the one that
@@ -314,33 +352,7 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
         palisade_cluster::free_port().unwrap(),
     ];
     let names = ports.map(|p| format!("http://127.0.0.1:{p}"));
-    let mut node_flags = vec!["--lease-ms".to_owned(), NODE_LEASE_MS.to_string()];
-    for name in &names {
-        node_flags.extend(["--announce".to_owned(), name.clone()]);
-    }
-    let spec = palisade_cluster::ClusterSpec {
-        nodes: 3,
-        node_flags,
-        ..palisade_cluster::ClusterSpec::default()
-    };
-    let options = palisade_cluster::ClusterOptions {
-        announce: false,
-        ..palisade_cluster::ClusterOptions::default()
-    };
-    let cluster = palisade_tests::process::start_cluster(dir.path(), &spec, &options);
-    let urls: Vec<String> = cluster
-        .ids()
-        .into_iter()
-        .map(|id| {
-            cluster
-                .node(id)
-                .unwrap()
-                .api_url("")
-                .trim_end_matches('/')
-                .to_owned()
-        })
-        .collect();
-    let urls = urls.join(",");
+    let (cluster, urls) = start_leased_cluster(dir.path(), NODE_LEASE_MS, &names);
     let start = |name: &str, port: u16| {
         let upstream = upstream.url();
         palisade_cluster::ProxyProcess::start_with(
