@@ -53,6 +53,7 @@ pub mod process;
 pub mod proof;
 pub mod roles;
 pub mod scope;
+pub mod scopes;
 pub mod status;
 pub mod store;
 pub mod token;

@@ -148,6 +148,34 @@ pub mod kind {
     pub const RESET_DISABLED: &str = "reset-disabled";
     /// An admin API request without the right bearer token (401).
     pub const UNAUTHORIZED: &str = "unauthorized";
+
+    // Named leaderships (sessions and scopes on the node API).
+    /// 404: no live session has this id (never opened, revoked or expired).
+    pub const UNKNOWN_SESSION: &str = "unknown-session";
+    /// 400: a session TTL outside the node's bounds.
+    pub const BAD_TTL: &str = "bad-ttl";
+    /// 507: the cluster holds its limit of live sessions.
+    pub const TOO_MANY_SESSIONS: &str = "too-many-sessions";
+    /// 507: the cluster holds its limit of scopes held or waited for.
+    pub const TOO_MANY_SCOPES: &str = "too-many-scopes";
+    /// 507: the scope has its limit of waiting sessions.
+    pub const TOO_MANY_WAITERS: &str = "too-many-waiters";
+    /// 507: the session holds or waits for its limit of scopes.
+    pub const SESSION_SCOPES_FULL: &str = "session-scopes-full";
+    /// 403: the session was opened by another client identity.
+    pub const SESSION_OWNER: &str = "session-owner";
+    /// 429: keepalives for one session faster than the node's limit.
+    pub const KEEPALIVE_TOO_FAST: &str = "keepalive-too-fast";
+    /// 409: the campaign's timeout passed while another session held the scope; the
+    /// session no longer waits for it.
+    pub const CAMPAIGN_TIMEOUT: &str = "campaign-timeout";
+    /// 503: the session holds the scope, but not every announce proxy fences it yet;
+    /// campaign again to get the grant once they do.
+    pub const FENCE_PENDING: &str = "fence-pending";
+    /// 409: the cluster's own scope (`--scope`) is held by the raft leader's term.
+    pub const CLUSTER_SCOPE: &str = "cluster-scope";
+    /// 501: this cluster cannot grant named scopes (it runs fleet leases).
+    pub const SCOPES_UNAVAILABLE: &str = "scopes-unavailable";
 }
 
 /// An RFC 9457 problem, with the extension members Palisade's answers use.

@@ -109,8 +109,8 @@ impl ListenerSettings {
 /// Connections go through the protocol crate's connection table (shared with the
 /// control plane): a connection that sends nothing is closed at the header timeout
 /// counted from accept, the TLS handshake included; an idle keep-alive connection at the
-/// keep-alive timeout; and at `connections_max` the connection idle the longest is closed
-/// so that a new client is served. This matters here more than anywhere: hyper-util's
+/// keep-alive timeout; and at `connections_max` an idle connection (keep-alive ones first,
+/// the longest idle first) is closed so that a new client is served. This matters here more than anywhere: hyper-util's
 /// `auto` builder (HTTP/1.1 and h2c on one port) reads the first bytes to tell the
 /// HTTP/2 preface apart with no timer, and hyper's HTTP/1 header timer only starts
 /// after that, so without the table a client that never sends a byte held its slot, and

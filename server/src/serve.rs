@@ -31,9 +31,10 @@ pub const ACCEPT_BACKOFF_MS: u64 = 50;
 pub struct ControlLimits {
     /// The listener's name in logs (`admin`, `node-api`).
     pub name: &'static str,
-    /// Connections open at once. At the limit, the connection idle the longest (or not
-    /// yet sent a head) is closed to admit a new one; only when every connection has a
-    /// request in flight is the new one answered 503 and closed.
+    /// Connections open at once. At the limit, the keep-alive connection idle the longest
+    /// (or, when none is left, the fresh connection admitted the longest ago) is closed to
+    /// admit a new one; only when every connection has a request in flight is the new one
+    /// answered 503 and closed.
     pub connections_max: usize,
     /// Time a client has, from accept, to finish its TLS handshake and send a whole
     /// request head.

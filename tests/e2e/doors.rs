@@ -81,10 +81,20 @@ fn assert_ok(status: &Result<String, String>, what: &str) {
     );
 }
 
+/// Pause of a hostile client between a closed connection and its next one. These tests
+/// measure clients that hold connections; a flood of new connections at the full rate two
+/// loopback cores allow (500 clients reconnecting the instant they are closed) starves the
+/// server of CPU whatever it does, and belongs to a connection-rate limit in front of it.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+
 /// Keeps connecting to `addr` until `until`: each connection sends `head`, then one
-/// byte every second, and is replaced when the server closes it.
+/// byte every second, and is replaced [`RECONNECT_PAUSE`] after the server closes it.
 async fn hostile_client(addr: SocketAddr, head: String, until: tokio::time::Instant) {
+    let mut first = true;
     while tokio::time::Instant::now() < until {
+        if !std::mem::take(&mut first) {
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+        }
         let Ok(mut stream) = TcpStream::connect(addr).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;

@@ -93,8 +93,8 @@ pub(crate) use state::{ApiState, LeaseApi};
 
 /// Largest request body accepted (`{"to":N}` needs a few bytes).
 pub const API_BODY_BYTES_MAX: usize = 4 * 1024;
-/// API connections open at once. At the limit the connection idle the longest is closed
-/// to admit a new one; only when all are busy (long polls included) is one more answered
+/// API connections open at once. At the limit an idle connection is closed to admit a
+/// new one (keep-alive connections first, then fresh ones, each the oldest first); only when all are busy (long polls included) is one more answered
 /// 503 and closed.
 pub const API_CONNECTIONS_MAX: usize = 256;
 /// Time a client has, from accept, to finish its TLS handshake and send its request

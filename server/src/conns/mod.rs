@@ -8,9 +8,10 @@
 //!   from the moment it was admitted. The TLS handshake counts within it.
 //! - A keep-alive connection with nothing in flight is closed at the keep-alive timeout,
 //!   counted from the end of its last response.
-//! - At `connections_max`, a new connection closes the connection that has been idle the
-//!   longest (fresh ones count as idle since they were admitted), as nginx reuses its idle
-//!   connections. A connection with a request in flight is never chosen. When every
+//! - At `connections_max`, a new connection closes a keep-alive connection that has been
+//!   idle the longest or, when none is left, the fresh connection admitted the longest
+//!   ago, as nginx reuses its idle connections. A connection with a request in flight is
+//!   never chosen. When every
 //!   connection is busy, [`Connections::try_admit`] says so (the control plane answers
 //!   503) and [`Connections::admit`] waits (the data port).
 //!
@@ -192,12 +193,14 @@ mod tests {
         })
     }
 
-    /// Goal: at the limit, the connection idle the longest is closed first, fresh ones
-    /// counting from admission; a busy one never is; when all are busy there is no room.
+    /// Goal: at the limit, a keep-alive connection idle the longest is closed first, then
+    /// the fresh connection admitted the longest ago; a busy one never is; when all are
+    /// busy there is no room.
     /// Method: paused clock; admit three, one second apart; make the oldest busy and let
-    /// the newest serve a request (idle since later); admit more and see who is evicted.
+    /// the newest serve a request (a keep-alive connection, idle since later than the
+    /// fresh `second`); admit more and see who is evicted.
     #[tokio::test(start_paused = true)]
-    async fn eviction_closes_the_longest_idle_first_and_never_a_busy_one() {
+    async fn eviction_closes_keepalive_then_fresh_connections_and_never_a_busy_one() {
         let conns = table(3);
         let oldest = conns.try_admit().unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -212,17 +215,17 @@ mod tests {
 
         let fourth = conns.try_admit().unwrap();
         assert!(
-            second.is_evicted(),
-            "second (fresh since 1 s) is idle the longest"
+            third.is_evicted(),
+            "third has served a request: a keep-alive connection goes first"
         );
         assert!(
-            !oldest.is_evicted() && !third.is_evicted(),
-            "oldest is busy; third idle since 3 s"
+            !oldest.is_evicted() && !second.is_evicted(),
+            "oldest is busy; second is fresh"
         );
         let fifth = conns.try_admit().unwrap();
         assert!(
-            third.is_evicted(),
-            "next: third, idle since 3 s, before fourth (since 4 s)"
+            second.is_evicted(),
+            "next: second, fresh since 1 s, before fourth (fresh since 4 s)"
         );
         assert!(!oldest.is_evicted(), "a busy connection is never evicted");
         // Make both remaining connections busy: no room any more.

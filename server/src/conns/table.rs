@@ -163,14 +163,24 @@ impl Connections {
     }
 }
 
-/// Claims the slot idle the longest (the smallest `idle_since_ms`; fresh connections count
-/// from admission) whose connection has nothing in flight, and takes it out of `slots`.
+/// Claims a slot whose connection has nothing in flight and takes it out of `slots`: a
+/// keep-alive connection (one that has served a request) idle the longest if there is one,
+/// else the fresh connection admitted the longest ago.
+///
+/// Keep-alive connections go first because closing one between requests costs its client
+/// a reconnect at most, while a fresh connection may be carrying a head that the server has
+/// not read yet. Under a flood of clients that reconnect as soon as they are closed, an
+/// order by idle time alone closed a legitimate client's new connection before its head was
+/// read; with this order, a fresh connection is closed only once no keep-alive one is left.
 pub(super) fn evict_oldest_idle(slots: &mut HashMap<u64, Arc<Slot>>) -> Option<Arc<Slot>> {
     loop {
         let id = slots
             .values()
             .filter(|slot| slot.state.load(Ordering::Acquire) == 0)
-            .min_by_key(|slot| (slot.idle_since_ms.load(Ordering::Acquire), slot.id))?
+            .min_by_key(|slot| {
+                let fresh = !slot.served.load(Ordering::Acquire);
+                (fresh, slot.idle_since_ms.load(Ordering::Acquire), slot.id)
+            })?
             .id;
         let claimed = slots.get(&id).is_some_and(|slot| slot.claim_idle());
         if claimed {
