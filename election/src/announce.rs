@@ -29,8 +29,10 @@
 //! A proxy that leaves the list is retired first (`retire`): its fence is raised above
 //! every term, so it admits no token the cluster no longer announces to it.
 
+mod grants;
 mod retire;
 
+pub(crate) use grants::{Fenced, GrantFencer, fence_grants};
 pub(crate) use retire::ProxyFences;
 pub use retire::RETIRE_TIMEOUT_MS;
 
@@ -247,12 +249,23 @@ async fn announce_all(
         );
     }
     while let Some(joined) = set.join_next().await {
-        all &= joined.unwrap_or(false);
+        all &= joined.is_ok_and(|answer| answer == Answer::Accepted);
     }
     all
 }
 
-/// Announces `token` to one proxy until it is accepted (true) or refused (false).
+/// How one proxy answered an announcement, in the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// It fences the scope at the token now.
+    Accepted,
+    /// It holds a higher fence, `current` (not the retired one).
+    Higher { current: u64 },
+    /// It refused for good (retired, a 4xx, an unusable answer or entry).
+    Refused,
+}
+
+/// Announces `token` to one proxy until it is accepted or refused.
 async fn announce_one(
     admin: ProxyAdmin,
     url: String,
@@ -261,7 +274,7 @@ async fn announce_one(
     proof: Option<String>,
     metrics: NodeMetrics,
     observer: Arc<Observer>,
-) -> bool {
+) -> Answer {
     let mut delays = backoff::delays(
         Duration::from_millis(ANNOUNCE_BACKOFF_MIN_MS),
         Duration::from_millis(ANNOUNCE_BACKOFF_MAX_MS),
@@ -274,7 +287,7 @@ async fn announce_one(
             Ok(answer) => {
                 info!(url = %admin.url(), token, advanced = answer.advanced, "proxy accepted the token");
                 observer.announced(&url, &scope, token, "accepted", None);
-                return true;
+                return Answer::Accepted;
             }
             Err(err) => err,
         };
@@ -287,7 +300,7 @@ async fn announce_one(
                 );
                 warn!(url = %admin.url(), token, cause = %detail, "proxy is retired; not announced");
                 observer.announced(&url, &scope, token, "refused", Some(detail));
-                return false;
+                return Answer::Refused;
             }
             ClientError::Fenced { current, .. } => {
                 warn!(
@@ -295,7 +308,7 @@ async fn announce_one(
                     "proxy holds a higher fence than this token; not announced"
                 );
                 observer.announced(&url, &scope, token, "refused", Some(err.to_string()));
-                return false;
+                return Answer::Higher { current: *current };
             }
             // Asking again cannot change these answers: the proxy refused the request
             // (a 4xx), or its answer is not an advance response.
@@ -304,7 +317,7 @@ async fn announce_one(
                 warn!(url = %admin.url(), token, %status, higher_fence = higher, cause = %err,
                     "proxy refused the token; not announced");
                 observer.announced(&url, &scope, token, "refused", Some(err.to_string()));
-                return false;
+                return Answer::Refused;
             }
             ClientError::InvalidUrl { .. }
             | ClientError::InvalidRequest(_)
@@ -312,7 +325,7 @@ async fn announce_one(
             | ClientError::Tls { .. } => {
                 warn!(url = %admin.url(), token, cause = %err, "cannot announce to this proxy; not announced");
                 observer.announced(&url, &scope, token, "refused", Some(err.to_string()));
-                return false;
+                return Answer::Refused;
             }
             // No answer, a 5xx, a broken connection: the proxy may be restarting.
             _ => {}

@@ -72,6 +72,10 @@
 //! - `token_source`: [`NodeHandleSource`], a `palisade_client::TokenSource` over an
 //!   in-process node's leadership watch.
 //!
+//! Beside the floors, only with the `fuzzing` feature:
+//! - `fuzzing`: handles on the peer frame checks, the loop's guard and the node API's
+//!   router for the fuzz targets in `tests/fuzz`.
+//!
 //! The top floor:
 //! - `start`: [`Node::start`], the composition root: it prepares the secrets, the members
 //!   table and the `RawNode`, binds the transport and the API, runs the announcers, and
@@ -82,10 +86,14 @@ mod announce;
 mod api;
 mod audit;
 mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod leadership;
 mod members;
 mod metrics;
 mod node;
+mod scopes;
 mod score;
 mod start;
 mod tls;

@@ -61,6 +61,9 @@ pub(crate) struct NodeMetrics {
     pub peer_dropped: Counter,
     /// `palisade_node_announce_failures_total`: failed announcement attempts.
     pub announce_failures: Counter,
+    /// `palisade_node_session_keepalives_total`: session keepalives this node accepted
+    /// as the leader.
+    pub session_keepalives: Counter,
     /// `palisade_node_token_releases_total{by="announce"}`: tokens released (leases on)
     /// because every proxy accepted the term.
     pub released_by_announce: Counter,
@@ -105,6 +108,11 @@ impl NodeMetrics {
             metrics::describe_gauge!(
                 "palisade_node_announced",
                 "1 while every configured proxy accepted this node's token."
+            );
+            metrics::describe_counter!(
+                "palisade_node_session_keepalives_total",
+                Unit::Count,
+                "Session keepalives this node accepted as the leader."
             );
             metrics::describe_counter!(
                 "palisade_node_elections_won_total",
@@ -210,6 +218,10 @@ impl NodeMetrics {
                 ),
                 announce_failures: metrics::counter!(
                     "palisade_node_announce_failures_total",
+                    &labels
+                ),
+                session_keepalives: metrics::counter!(
+                    "palisade_node_session_keepalives_total",
                     &labels
                 ),
                 handle,

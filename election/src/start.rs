@@ -300,21 +300,49 @@ async fn start(
         announce_tls.clone(),
         Arc::clone(&observer),
     ));
+    // Named leaderships: the machine as stored (the loop owns it), and the fencer that
+    // raises every announce proxy's fence to each grant (never with fleet leases).
+    let machine = crate::scopes::Machine::decode(&log.scopes()).map_err(|e| {
+        StartError::Log(RaftLogError::Corrupt(format!(
+            "the named-leaderships state does not decode: {e}"
+        )))
+    })?;
+    let (scopes_loop, scopes_shared) = node::ScopesLoop::new(machine);
+    let (fenced_tx, fenced_rx) = watch::channel(announce::Fenced::new());
+    let scopes_api = api::ScopesApi {
+        shared: scopes_shared.clone(),
+        fenced: fenced_rx,
+        signer: signer.clone(),
+        available: !config.leases_on(),
+    };
+    let announcer = Announcer {
+        scope: config.scope.clone(),
+        urls: Vec::new(),
+        bearer: announce_bearer,
+        signer: signer.clone(),
+        tls: announce_tls,
+        leadership: leadership_rx.clone(),
+        commands: commands.clone(),
+        metrics: metrics.clone(),
+        observer: Arc::clone(&observer),
+        shutdown: shutdown.clone(),
+    };
+    if !config.leases_on() {
+        tasks.spawn(
+            announce::fence_grants(announce::GrantFencer {
+                template: announcer.clone(),
+                machine: scopes_shared.machine.clone(),
+                lists: announce_rx.clone(),
+                fenced: fenced_tx,
+                commands: commands.clone(),
+            })
+            .instrument(info_span!("grant_fencer", node_id = id)),
+        );
+    }
     // The announcers follow the announce list the loop publishes: the flags', or the one
     // the cluster agreed on (`POST /v1/announce`, never with fleet leases).
     announce::follow(
-        Announcer {
-            scope: config.scope.clone(),
-            urls: Vec::new(),
-            bearer: announce_bearer,
-            signer: signer.clone(),
-            tls: announce_tls,
-            leadership: leadership_rx.clone(),
-            commands: commands.clone(),
-            metrics: metrics.clone(),
-            observer: Arc::clone(&observer),
-            shutdown: shutdown.clone(),
-        },
+        announcer,
         announce_rx.clone(),
         shutdown.clone(),
         &mut tasks,
@@ -361,6 +389,7 @@ async fn start(
                         fences: Arc::clone(&fences),
                         shutdown: shutdown.clone(),
                         roles_enforced: tls.is_some(),
+                        scopes: Some(scopes_api),
                     },
                     tls.as_ref().map(|t| t.api_acceptor.clone()),
                 )
@@ -384,6 +413,7 @@ async fn start(
             shutdown: shutdown.clone(),
             signer,
             scores,
+            scopes: scopes_loop,
             voters: peers.keys().copied().collect(),
             members: members_table,
             members_tx,

@@ -35,7 +35,10 @@ use redb::{Database, Durability, ReadableDatabase, TableError};
 use crate::members::MembersTable;
 use crate::tables::{RAFT_ENTRIES, RAFT_META};
 
+mod codec;
 mod recovery;
+mod scopes;
+use codec::{decode, encode};
 pub use recovery::ForcedCluster;
 
 /// `RAFT_META` key of the protobuf-encoded `HardState`.
@@ -137,6 +140,8 @@ struct Core {
     entries: VecDeque<Entry>,
     /// The members table that goes with `conf_state`.
     members: MembersTable,
+    /// The named-leaderships state the election applied last, opaque here (see `scopes`).
+    scopes: Vec<u8>,
     /// The highest index the node applied, as the election loop reports it. Kept only in
     /// memory (an exception to "equal to what redb holds"): it only chooses the index of
     /// the snapshots this node serves, and after a restart the boundary is a safe floor.
@@ -210,20 +215,6 @@ impl std::fmt::Debug for RaftLog {
             .field("hard_state", &core.hard_state)
             .finish_non_exhaustive()
     }
-}
-
-fn decode<M: protobuf::Message + Default>(what: &str, bytes: &[u8]) -> Result<M, RaftLogError> {
-    // `merge_from_bytes` into a default value: the protobuf-codec types also support
-    // `parse_from_bytes`, but this form is the one that works with both raft codecs.
-    let mut msg = M::default();
-    msg.merge_from_bytes(bytes)
-        .map_err(|e| RaftLogError::Corrupt(format!("{what} does not decode: {e}")))?;
-    Ok(msg)
-}
-
-fn encode(what: &str, msg: &impl protobuf::Message) -> Result<Vec<u8>, RaftLogError> {
-    msg.write_to_bytes()
-        .map_err(|e| RaftLogError::Corrupt(format!("{what} does not encode: {e}")))
 }
 
 impl RaftLog {
@@ -378,8 +369,11 @@ impl RaftLog {
                 }
                 // The snapshot's data is the members table at its index; an empty one
                 // (from a node that predates membership changes) leaves the table as it is.
-                if !snapshot.data.is_empty() {
-                    let members = MembersTable::decode(&snapshot.data).map_err(|e| {
+                let (members, scopes) = scopes::split_snapshot_data(&snapshot.data);
+                scopes::store_scopes(&mut meta, scopes)?;
+                next.scopes = scopes.to_vec();
+                if !members.is_empty() {
+                    let members = MembersTable::decode(members).map_err(|e| {
                         RaftLogError::Corrupt(format!(
                             "snapshot at index {} carries a bad members table: {e}",
                             md.index
@@ -576,6 +570,7 @@ fn load(db: &Database) -> Result<Core, RaftLogError> {
         core.members = MembersTable::decode(v.value())
             .map_err(|e| RaftLogError::Corrupt(format!("members table: {e}")))?;
     }
+    core.scopes = scopes::load_scopes(&meta)?;
     core.applied = core.boundary.index;
     let entries = txn
         .open_table(RAFT_ENTRIES)
@@ -645,7 +640,7 @@ impl raft::Storage for RaftLog {
             ));
         }
         let mut snapshot = Snapshot {
-            data: core.members.encode().into(),
+            data: scopes::snapshot_data(&core.members, &core.scopes).into(),
             ..Snapshot::default()
         };
         let md = snapshot.mut_metadata();

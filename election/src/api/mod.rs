@@ -54,6 +54,9 @@
 //! - `status_page`: `GET /`, the HTML status page.
 //! - `health`: `GET /metrics` and `GET /healthz`.
 //! - `faults`: `/v1/test/faults`, only with test faults.
+//! - `sessions` and `scopes`: named leaderships: sessions (`/v1/sessions`, keepalives,
+//!   revocation) and scopes held through them (`/v1/scopes/{scope}/campaign`, `resign`,
+//!   reads and observation long polls, the held list).
 //! - `roles`: which role each route admits (mutual TLS only), a node adding only itself,
 //!   and the count and audit record of each 403 `forbidden-role`.
 
@@ -65,9 +68,13 @@ mod lease;
 mod long_polls;
 mod members;
 mod roles;
+mod scopes;
+mod sessions;
 mod state;
 mod status_page;
 mod transfer;
+
+pub(crate) use sessions::ScopesApi;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,6 +86,10 @@ use palisade_protocol::lease::LEASE_PATH;
 use palisade_protocol::node::{
     ANNOUNCE_PATH, LEADER_PATH, MEMBER_PATH, MEMBERS_PATH, RESIGN_PATH, TEST_FAULTS_PATH,
     TRANSFER_PATH,
+};
+use palisade_protocol::scopes::{
+    CAMPAIGN_PATH, KEEPALIVE_PATH, SCOPE_PATH, SCOPE_RESIGN_PATH, SCOPES_PATH, SESSION_PATH,
+    SESSIONS_PATH,
 };
 use palisade_protocol::status::STATUS_PAGE_PATH;
 use palisade_server::{ControlLimits, finish};
@@ -136,7 +147,9 @@ pub(crate) async fn serve(listener: TcpListener, state: ApiState, tls: Option<Tl
 /// Each route admits the roles `roles` lists for it (a route layer, so unknown paths and
 /// methods keep their 404 and 405); with `state.roles_enforced` off, every route is open.
 pub(crate) fn app(state: ApiState) -> Router {
-    use roles::{ANY_ROLE, LEADER_READERS, LEASE_HOLDERS, MEMBER_NODES, OPERATORS, only};
+    use roles::{
+        ANY_ROLE, LEADER_READERS, LEASE_HOLDERS, MEMBER_NODES, OPERATORS, SESSION_HOLDERS, only,
+    };
     let faults_enabled = state.faults.is_some();
     let state = Arc::new(state);
     let s = &state;
@@ -161,6 +174,28 @@ pub(crate) fn app(state: ApiState) -> Router {
         .route(
             MEMBER_PATH,
             only(s, OPERATORS, delete(members::member_remove)),
+        )
+        .route(
+            SESSIONS_PATH,
+            only(s, SESSION_HOLDERS, get(sessions::list).post(sessions::open)),
+        )
+        .route(
+            SESSION_PATH,
+            only(s, SESSION_HOLDERS, delete(sessions::revoke)),
+        )
+        .route(
+            KEEPALIVE_PATH,
+            only(s, SESSION_HOLDERS, post(sessions::keepalive)),
+        )
+        .route(SCOPES_PATH, only(s, LEADER_READERS, get(scopes::list)))
+        .route(SCOPE_PATH, only(s, LEADER_READERS, get(scopes::read)))
+        .route(
+            CAMPAIGN_PATH,
+            only(s, SESSION_HOLDERS, post(scopes::campaign)),
+        )
+        .route(
+            SCOPE_RESIGN_PATH,
+            only(s, SESSION_HOLDERS, post(scopes::resign)),
         )
         .route(METRICS_PATH, only(s, ANY_ROLE, get(health::metrics)))
         .route(HEALTHZ_PATH, get(health::health))

@@ -6,7 +6,8 @@
 //!
 //! | route | admits |
 //! |---|---|
-//! | `GET /v1/leader` (long polls too) | writer, operator, node |
+//! | `GET /v1/leader` (long polls too), `GET /v1/scopes`, `GET /v1/scopes/{scope}` | writer, operator, node |
+//! | `/v1/sessions` (open, list, keepalive, revoke), `POST /v1/scopes/{scope}/campaign` and `/resign` | writer, operator (a session opened with a certificate only by that name) |
 //! | `POST /v1/lease` | proxy (its own announce entry only, see `lease`), operator |
 //! | `GET /v1/members` | operator, node |
 //! | `POST /v1/members` | operator; a node adding itself |
@@ -31,6 +32,10 @@ use palisade_protocol::node::{
     TRANSFER_PATH,
 };
 use palisade_protocol::problem::kind;
+use palisade_protocol::scopes::{
+    CAMPAIGN_PATH, KEEPALIVE_PATH, SCOPE_PATH, SCOPE_RESIGN_PATH, SCOPES_PATH, SESSION_PATH,
+    SESSIONS_PATH,
+};
 use palisade_protocol::status::STATUS_PAGE_PATH;
 use palisade_protocol::{CredentialRole, MemberAdd, Problem};
 use palisade_server::roles::{Caller, RefusalHook, RequestHead, RoleRule, require_roles};
@@ -49,12 +54,15 @@ pub(super) const LEASE_HOLDERS: &[CredentialRole] = &[Proxy, Operator];
 pub(super) const MEMBER_NODES: &[CredentialRole] = &[Operator, Node];
 /// The administration: transfers, membership, the announce list, the status page.
 pub(super) const OPERATORS: &[CredentialRole] = &[Operator];
+/// Sessions, campaigns and resignations: whoever holds named scopes (writers), and
+/// operators.
+pub(super) const SESSION_HOLDERS: &[CredentialRole] = &[Writer, Operator];
 /// `GET /metrics`: any role.
 pub(super) const ANY_ROLE: &[CredentialRole] = &CredentialRole::ALL;
 
 /// Every route of the API: the `route` label of a refusal is one of these (or `other`),
 /// so the metric has a bounded number of series whatever clients send.
-const ROUTES: [&str; 11] = [
+const ROUTES: [&str; 18] = [
     LEADER_PATH,
     TRANSFER_PATH,
     RESIGN_PATH,
@@ -66,6 +74,13 @@ const ROUTES: [&str; 11] = [
     HEALTHZ_PATH,
     STATUS_PAGE_PATH,
     TEST_FAULTS_PATH,
+    SESSIONS_PATH,
+    SESSION_PATH,
+    KEEPALIVE_PATH,
+    SCOPES_PATH,
+    SCOPE_PATH,
+    CAMPAIGN_PATH,
+    SCOPE_RESIGN_PATH,
 ];
 
 /// The rule of a route admitting `needed`, enforced as `state` says, whose refusals are

@@ -52,6 +52,8 @@ pub(crate) struct ApiState {
     /// served over mutual TLS, where every request carries the credential its client
     /// certificate proved; off in plaintext, where no caller can be told from another.
     pub roles_enforced: bool,
+    /// Named leaderships (sessions and scopes); `None` in tests that do not need them.
+    pub scopes: Option<super::sessions::ScopesApi>,
 }
 
 impl ApiState {

@@ -79,6 +79,7 @@ impl TestNode {
             fences: crate::announce::ProxyFences::plain("default"),
             shutdown: CancellationToken::new(),
             roles_enforced: false,
+            scopes: None,
         })
     }
 }

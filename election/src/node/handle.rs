@@ -62,6 +62,20 @@ impl Commands {
         let _ = self.tx.send(Msg::Announced { term }).await;
     }
 
+    /// Proposes a named-leaderships change and waits until it is applied on this node:
+    /// its outcome, or why there is none.
+    pub(crate) async fn scope(
+        &self,
+        op: crate::scopes::Op,
+    ) -> Result<crate::scopes::Outcome, super::ScopeCallError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Msg::Scope { op, reply })
+            .await
+            .map_err(|_| super::ScopeCallError::Stopped)?;
+        answer.await.map_err(|_| super::ScopeCallError::Stopped)?
+    }
+
     /// Checks and proposes a membership change; `Ok` once raft took the proposal.
     pub(crate) async fn member_change(&self, change: MemberChange) -> Result<(), MemberError> {
         let (reply, answer) = oneshot::channel();

@@ -37,6 +37,11 @@ pub(crate) enum Msg {
     },
     /// A peer's score frame, already checked by the transport (see `crate::score`).
     Score { from: u64, frame: ScoreFrame },
+    /// A named-leaderships change to propose; the reply gets its outcome once applied.
+    Scope {
+        op: crate::scopes::Op,
+        reply: super::scopes::ScopeReply,
+    },
 }
 
 impl From<Inbound> for Msg {

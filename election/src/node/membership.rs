@@ -328,6 +328,7 @@ impl ElectionLoop {
     /// stored one.
     pub(super) fn on_snapshot_installed(&mut self, index: u64) {
         self.membership.table = self.log.members();
+        self.load_scopes_from_log();
         if let (Some(proxies), false) = (
             self.membership.table.announce.clone(),
             self.membership.leases_on,

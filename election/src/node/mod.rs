@@ -47,6 +47,7 @@ mod membership;
 mod promote;
 mod publish;
 mod ready;
+mod scopes;
 mod setup;
 mod signer;
 mod transfer;
@@ -59,6 +60,7 @@ pub use inbox::INBOX_MAX;
 #[cfg(test)]
 pub(crate) use inbox::Msg;
 pub use lease_rounds::{LEASE_GATHER_LEASE_DIVISOR, LEASE_GATHER_MS_MAX, LEASE_ROUND_TIMEOUT_MS};
+pub(crate) use scopes::{ScopeCallError, ScopesLoop, ScopesShared};
 pub use setup::TRANSFER_TIMEOUT_ELECTIONS;
 pub(crate) use setup::{LoopParts, spawn};
 pub use signer::KEY_FILE_BYTES_MAX;

@@ -78,6 +78,8 @@ pub(super) struct ElectionLoop {
     pub(super) established_at: Option<(u64, tokio::time::Instant)>,
     /// Scores (`--score-oracle`); `None`: raft's randomized election, no score frames.
     pub(super) scores: Option<ScoreBoard>,
+    /// Named leaderships: the machine, the leader's deadlines, requests waiting.
+    pub(super) scopes: super::scopes::ScopesLoop,
     /// The members table and its watchers (see `membership`).
     pub(super) membership: Membership,
 }
@@ -267,6 +269,8 @@ impl ElectionLoop {
         }
         // The leader leaves a joint configuration, or promotes a learner that caught up.
         self.membership_tick();
+        // Named leaderships: the leader's expiries, or forgetting them when not leading.
+        self.scopes_tick();
         self.raw_node.tick();
         for t in &mut self.transfers {
             t.ticks_left = t.ticks_left.saturating_sub(1);
@@ -326,6 +330,7 @@ impl ElectionLoop {
             Msg::Transfer { to, reply } => self.start_transfer(to, reply),
             Msg::Lease { reply } => self.on_lease(reply),
             Msg::Member { change, reply } => self.on_member_request(&change, reply),
+            Msg::Scope { op, reply } => self.on_scope_request(op, reply),
             Msg::Score { from, frame } => {
                 // Only voters' frames count; a node without an oracle ignores them all.
                 let is_voter = self.raw_node.raft.prs().conf().voters().contains(from);
@@ -375,9 +380,15 @@ impl ElectionLoop {
     /// Applies committed entries: only conf changes have an effect (see `membership`).
     async fn apply(&mut self, entries: Vec<Entry>) -> Result<(), NodeError> {
         for entry in entries {
-            self.apply_conf_entry(&entry).await?;
+            let scope_entry = (entry.get_entry_type() == raft::eraftpb::EntryType::EntryNormal)
+                .then(|| crate::scopes::ScopeEntry::decode(&entry.data))
+                .flatten();
+            match scope_entry {
+                Some(decoded) => self.apply_scope_entry(entry.index, decoded),
+                None => self.apply_conf_entry(&entry).await?,
+            }
         }
-        Ok(())
+        self.store_scopes().await
     }
 
     /// Compacts the log once enough applied entries accumulated, or up to the applied
@@ -442,10 +453,14 @@ impl ElectionLoop {
                 Msg::Member { reply, .. } => {
                     let _ = reply.send(Err(crate::members::MemberError::Stopped));
                 }
+                Msg::Scope { reply, .. } => {
+                    let _ = reply.send(Err(super::scopes::ScopeCallError::Stopped));
+                }
                 Msg::Raft(_) | Msg::Announced { .. } | Msg::Score { .. } => {}
             }
         }
         self.stop_leases();
+        self.fail_scope_requests(&super::scopes::ScopeCallError::Stopped);
         self.established_at = None;
         for t in self.transfers.drain(..) {
             let _ = t.reply.send(Err(TransferError::Stopped));

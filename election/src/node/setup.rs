@@ -56,6 +56,8 @@ pub(crate) struct LoopParts {
     pub signer: Option<Arc<TokenSigner>>,
     /// Scores (`--score-oracle`); `None`: raft's randomized election.
     pub scores: Option<ScoreBoard>,
+    /// Named leaderships: the machine as stored, and the API's side of it.
+    pub scopes: super::scopes::ScopesLoop,
     /// Every member this node exchanges raft traffic with at start, this node included.
     pub voters: BTreeSet<u64>,
     /// The members table the node starts with.
@@ -107,6 +109,7 @@ pub(crate) fn spawn(config: &NodeConfig, parts: LoopParts) -> JoinHandle<Result<
         release_wait: config.lease_release_wait(),
         established_at: None,
         scores: parts.scores,
+        scopes: parts.scopes,
         membership: Membership {
             table: parts.members,
             tx: parts.members_tx,

@@ -58,7 +58,12 @@ impl TokenSigner {
 
     /// The proof of `token` in this signer's scope.
     pub(crate) fn sign(&self, token: u64) -> TokenProof {
-        let signature = self.key.sign(&proof_message(&self.scope, token));
+        self.sign_scope(&self.scope, token)
+    }
+
+    /// The proof of `token` in `scope` (a named scope's grant).
+    pub(crate) fn sign_scope(&self, scope: &str, token: u64) -> TokenProof {
+        let signature = self.key.sign(&proof_message(scope, token));
         let mut bytes = [0u8; TOKEN_PROOF_BYTES];
         // An Ed25519 signature is always 64 bytes; a mismatch would be a ring bug and
         // leaves the zero array, which no verifier accepts.

@@ -62,6 +62,7 @@ fn node(dir: &std::path::Path, enforced: bool) -> (Router, NodeMetrics) {
         fences: crate::announce::ProxyFences::plain("default"),
         shutdown: CancellationToken::new(),
         roles_enforced: enforced,
+        scopes: None,
     });
     (router, metrics)
 }
