@@ -50,9 +50,11 @@
 //!   damaged stops the process with the recovery steps, never a fresh start or a panic.
 //! - `trust_tokens`: signed tokens: forged tokens and proofs refused with 401, the
 //!   leader's proof admitted, and only the new leader's after an election.
+//! - `scopes_named`: named leaderships: an expired holder fenced out at the proxy before
+//!   the next grant answers; no kept-alive session expires when the leader is killed.
 //! - `trust_admin`: the admin bearer token, and the audited fence reset (API and CLI).
 //! - `trust_peers`: peer mTLS and the node API's client certificates; forged raft frames
-//!   in plaintext loopback mode.
+//!   in plaintext loopback mode; frames nested 500,000 groups deep.
 //! - `trust_roles`: roles on the node API (certificates named `node-`, `proxy-`,
 //!   `writer-`, `operator-`): each route admits exactly its roles, proxies lease only
 //!   their own entry, nodes add only themselves; refusals counted and audited.
@@ -80,6 +82,7 @@ mod proxy_reuseport;
 mod proxy_routing;
 mod proxy_streaming;
 mod proxy_transport;
+mod scopes_named;
 mod status_pages;
 mod trust_admin;
 mod trust_peers;

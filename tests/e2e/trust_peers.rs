@@ -3,7 +3,8 @@
 //! `palisade certs generate`) a caller without a certificate, or with one whose name is
 //! not the id it claims, gets nowhere, and the node API wants a client certificate. In
 //! plaintext loopback mode, where any local process may claim a peer id, the frames that
-//! used to panic or hijack a node are dropped and every node keeps running at its term.
+//! used to panic or hijack a node are dropped and every node keeps running at its term,
+//! and so are frames nested 500,000 groups deep (RUSTSEC-2024-0437's kind of input).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -17,7 +18,8 @@ use palisade_cluster::wait::{self, poll};
 use palisade_cluster::{ClusterOptions, ClusterSpec, LeaderView, NodeProcess, NodeSpec, free_port};
 use palisade_tests::client::send;
 use palisade_tests::peer_wire::{
-    MessageType, Outcome, heartbeat, hello, raft_frame, send_plain, send_tls,
+    MessageType, NESTED_GROUPS, Outcome, heartbeat, hello, nested_envelope_frame,
+    nested_payload_frame, raft_frame, send_plain, send_tls,
 };
 use palisade_tests::process::start_cluster;
 use palisade_tests::trust::generate_certs;
@@ -213,6 +215,106 @@ async fn forged_peer_frames_leave_every_node_running_at_its_term() {
     }
 
     // The control: the same wire and claimed id, a small jump, is followed.
+    let probe = term + PROBE_JUMP;
+    send_plain(
+        peers[&f1],
+        &[hello(gone, f1), heartbeat(gone, f1, probe, 0)].concat(),
+    )
+    .await;
+    wait::poll(SETTLE, || async {
+        cluster
+            .node(f1)
+            .unwrap()
+            .leadership()
+            .await
+            .filter(|v| v.term >= probe)
+    })
+    .await
+    .expect("timed out waiting for the probe's term at the node");
+}
+
+/// Goal: RUSTSEC-2024-0437 (protobuf: a stack overflow on deeply nested groups) cannot
+/// be reached from the peer port: a frame whose raft payload ends in 500,000 nested
+/// groups (protobuf 2 skips an unknown group in a loop and refuses a group inside it),
+/// and one whose envelope does (prost stops at its recursion limit of 100), are refused,
+/// the connection closed, and every running node keeps running at its term; the same
+/// wire with a small term jump gets through (the control). Method: as in
+/// `forged_peer_frames_leave_every_node_running_at_its_term`, three plaintext nodes, one
+/// follower killed so that its id is free to claim; each frame (about 1 MB, under the
+/// 4 MiB frame limit) written after a hello claiming that id, to the leader and to the
+/// other follower; the nodes watched for a crash or a term change, and their logs read
+/// for the two causes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_frames_nested_500000_deep_are_refused_and_every_node_keeps_its_term() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = ClusterSpec {
+        nodes: 3,
+        node_flags: vec!["--tick-ms".into(), TICK_MS.into()],
+        proxy_flags: Vec::new(),
+    };
+    let options = ClusterOptions {
+        announce: false,
+        ..ClusterOptions::default()
+    };
+    let mut cluster = start_cluster(dir.path(), &spec, &options);
+    let ids = cluster.ids();
+    let leader = wait::poll(SETTLE, || cluster.settled_leader(&ids))
+        .await
+        .expect("timed out waiting for a settled leader");
+    let l = leader.node_id;
+    let mut followers = ids.iter().copied().filter(|&id| id != l);
+    let (f1, gone) = (followers.next().unwrap(), followers.next().unwrap());
+    cluster.node_mut(gone).unwrap().kill9();
+    let running = [l, f1];
+    let term = wait::poll(SETTLE, || cluster.settled_leader(&running))
+        .await
+        .expect("timed out waiting for the two running nodes to settle")
+        .term;
+    let peers = cluster.nodes[0].spec.peers.clone();
+    let two_alive = || async {
+        let mut views = cluster.leaderships().await;
+        views.remove(&gone);
+        views
+    };
+    for to in running {
+        for (what, frame) in [
+            ("the raft payload", nested_payload_frame(gone, to, term)),
+            ("the envelope", nested_envelope_frame(gone, to, term)),
+        ] {
+            let outcome = send_plain(peers[&to], &[hello(gone, to), frame].concat()).await;
+            eprintln!("{NESTED_GROUPS} nested groups in {what}, to node {to}: {outcome:?}");
+            assert!(
+                matches!(outcome, Outcome::Refused(_)),
+                "node {to} kept the connection of a frame with {NESTED_GROUPS} nested groups in {what}"
+            );
+            stays_at(
+                &format!("nested groups in {what} to node {to}"),
+                term,
+                running.len(),
+                two_alive,
+            )
+            .await;
+        }
+    }
+    for id in running {
+        assert!(
+            cluster.node_mut(id).unwrap().is_running(),
+            "node {id} is running"
+        );
+        // The refusals' causes, as the node logged them: protobuf 2 refusing the group in
+        // a group, prost stopping at its recursion limit.
+        let logs = cluster.node(id).unwrap().logs().concat();
+        for cause in ["unexpected wire type", "recursion limit"] {
+            assert!(
+                logs.lines()
+                    .any(|l| l.contains("peer connection closed") && l.contains(cause)),
+                "node {id} logged no refusal for {cause:?}"
+            );
+        }
+    }
+    // The control: the same hello and a small term jump are followed, so the frames above
+    // were refused for their nesting, not for who sent them.
     let probe = term + PROBE_JUMP;
     send_plain(
         peers[&f1],
