@@ -19,7 +19,23 @@ The client sends each request once: it does not retry. A timeout after sending i
 
 For ``https://`` URLs (a node API served with ``--cert/--key/--ca``, which requires a
 client certificate), give ``ca=``, ``cert=`` and ``key=`` (PEM file paths), or a ready
-``ssl_context=``, to ``NodeTokenSource`` and ``FencedClient``.
+``ssl_context=``, to ``NodeTokenSource``, ``FencedClient`` and ``Session``.
+
+Named leaderships: a ``Session`` is opened on the cluster's leader with a TTL, kept alive
+by a background thread every third of it, and campaigns for a scope; the grant carries
+the scope's fencing token. The session is trusted until the send of the last answered
+keepalive plus the TTL less the drift bound (``session_trusted_until``); past that, or
+once the cluster no longer knows it, ``is_lost()`` is true for good and the holder must
+stop.
+
+    from palisade import Session
+
+    with Session(["http://127.0.0.1:7001", "http://127.0.0.1:7002"], ttl_ms=10_000) as s:
+        grant = s.campaign("nightly-report", timeout_ms=60_000)
+        client = FencedClient("http://127.0.0.1:8080", StaticToken(grant["token"],
+                              grant["proof"]), scope="nightly-report")
+        while not s.is_lost() and work_left():
+            client.put(...)
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Mapping, Optional, Protocol, Union
@@ -47,13 +64,19 @@ __all__ = [
     "Leadership",
     "NodeTokenSource",
     "NotLeader",
+    "NotLeaderNode",
     "PROOF_CHARS_MAX",
     "PalisadeError",
     "Response",
+    "Session",
+    "SessionLost",
     "StaticToken",
     "TokenSource",
+    "UnknownSession",
     "Unreachable",
+    "observe",
     "parse_token",
+    "session_trusted_until",
     "valid_scope",
 ]
 
@@ -90,6 +113,38 @@ RESPONSE_BYTES_MAX = 32 * 1024 * 1024
 
 WRITE_METHODS = frozenset({"PUT", "POST", "PATCH", "DELETE"})
 
+# Named leaderships: the contract's names and bounds (the Rust definitions are in
+# ``protocol/src/scopes.rs``).
+#: Problem kinds a session's caller acts on.
+NOT_LEADER = "not-leader"
+UNKNOWN_SESSION = "unknown-session"
+CAMPAIGN_TIMEOUT = "campaign-timeout"
+FENCE_PENDING = "fence-pending"
+#: Session TTL bounds a node accepts, and the TTL asked for unless told otherwise (ms).
+SESSION_TTL_MS_MIN = 1_000
+SESSION_TTL_MS_MAX = 300_000
+SESSION_TTL_MS_DEFAULT = 10_000
+#: How long a campaign waits for its scope unless told otherwise (ms).
+CAMPAIGN_TIMEOUT_MS_DEFAULT = 30_000
+#: Longest wait one campaign or observe request asks for (ms): a longer one only delays
+#: noticing a leader that moved; ``campaign`` asks again until its own timeout.
+WAIT_MS_MAX = 60_000
+#: How much longer than its wait a long request may take before it counts as unanswered.
+LONG_POLL_SLACK_S = 1.0
+#: Keepalives per TTL: one every third of it, so two may fail before the trust runs out.
+KEEPALIVES_PER_TTL = 3
+#: The clock-rate drift bound (parts per million) assumed between client and leader: 1%,
+#: far above what quartz clocks drift and NTP slews, so only a broken clock breaks it.
+DRIFT_PPM_DEFAULT = 10_000
+#: How long opening, resigning or revoking tries the nodes (an election's worth), seconds.
+SESSION_CALL_TIMEOUT_S = 10.0
+#: First and longest pause between rounds of failed calls to the nodes, seconds.
+SESSION_RETRY_MIN_S = 0.05
+SESSION_RETRY_MAX_S = 0.5
+#: Longest session id put in a path; a node's are tens of characters.
+SESSION_ID_CHARS_MAX = 128
+_SESSION_ID_RE = re.compile(r"[A-Za-z0-9._~-]{1,%d}" % SESSION_ID_CHARS_MAX)
+
 
 class PalisadeError(Exception):
     """Base class of every error this module raises."""
@@ -120,12 +175,43 @@ class Fenced(PalisadeError):
 
 
 class HTTPError(PalisadeError):
-    """An HTTP error answer other than a fencing rejection (400, 404, 428, 503, ...)."""
+    """An HTTP error answer other than a fencing rejection (400, 404, 428, 503, ...).
+    ``kind`` is the problem+json kind (``campaign-timeout``, ``fence-pending``, ...) when
+    the answer had one."""
 
-    def __init__(self, status: int, detail: str):
+    def __init__(self, status: int, detail: str, kind: Optional[str] = None):
         self.status = status
         self.detail = detail
+        self.kind = kind
         super().__init__(f"HTTP {status}: {detail}")
+
+
+class NotLeaderNode(HTTPError):
+    """503 ``not-leader``: the node asked does not lead; ``leader_id`` is the leader it
+    knows (None: none known)."""
+
+    def __init__(self, detail: str, node_id: Optional[int], leader_id: Optional[int]):
+        super().__init__(503, detail, NOT_LEADER)
+        self.node_id = node_id
+        self.leader_id = leader_id
+
+
+class UnknownSession(HTTPError):
+    """404 ``unknown-session``: the cluster has no live session with this id (never
+    opened, revoked, or expired)."""
+
+    def __init__(self, detail: str, session_id: str):
+        super().__init__(404, detail, UNKNOWN_SESSION)
+        self.session_id = session_id
+
+
+class SessionLost(PalisadeError):
+    """The session can no longer be trusted: whatever it held may be someone else's."""
+
+    def __init__(self, session_id: str, cause: str):
+        self.session_id = session_id
+        self.cause = cause
+        super().__init__(f"session {session_id} is lost: {cause}")
 
 
 class Unreachable(PalisadeError):
@@ -482,3 +568,315 @@ def parse_token(text: str) -> Optional[int]:
         return None
     value = int(text)
     return value if value <= _TOKEN_MAX else None
+
+
+def session_trusted_until(sent: float, ttl_ms: int, drift_ppm: int = DRIFT_PPM_DEFAULT) -> float:
+    """The ``time.monotonic()`` instant after which a session must be taken as lost, given
+    that the last keepalive the leader answered was **sent** at ``sent``: the leader
+    expires it no earlier than ``ttl_ms`` of its own time after receiving it, and
+    ``ttl * (1 - drift)`` of ours after the send is no later than that. The same integer
+    arithmetic as the Rust client (microseconds)."""
+    ttl_us = ttl_ms * 1000
+    drift_us = ttl_us * min(drift_ppm, 1_000_000) // 1_000_000
+    return sent + (ttl_us - drift_us) / 1e6
+
+
+def _segment(value: str, what: str) -> str:
+    """``value`` as one path segment: a session id or a scope name, never ``.``/``..``."""
+    ok = _SESSION_ID_RE.fullmatch(value) if what == "session id" else valid_scope(value)
+    if not ok or set(value) == {"."}:
+        raise ValueError(f"{what} {value!r} cannot be named in a URL path")
+    return value
+
+
+def _node_call(base: _Base, method: str, path: str, body, timeout: float, session=""):
+    """One node API call: the JSON of a 2xx answer, else the typed error."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    status, _, answer = _exchange(base, method, path, data, headers, timeout)
+    if 200 <= status < 300:
+        try:
+            return json.loads(answer)
+        except ValueError as e:
+            raise PalisadeError(f"bad response from {base.url}: {e}") from e
+    try:
+        problem = json.loads(answer)
+        problem = problem if isinstance(problem, dict) else {}
+    except ValueError:
+        problem = {}
+    kind = str(problem.get("type", "")).rsplit("/", 1)[-1] or None
+    detail = _detail(status, answer)
+    if kind == NOT_LEADER:
+        leader_id = problem.get("leader_id") or None
+        raise NotLeaderNode(f"{base.url}: {detail}", problem.get("node_id"), leader_id)
+    if kind == UNKNOWN_SESSION:
+        raise UnknownSession(detail, session)
+    raise HTTPError(status, detail, kind)
+
+
+def _observe(base, scope, after_token, timeout_ms):
+    wait_ms = min(max(int(timeout_ms), 0), WAIT_MS_MAX)
+    after = "" if after_token is None else f"&after_token={after_token}"
+    path = f"/v1/scopes/{_segment(scope, 'scope')}?timeout_ms={wait_ms}{after}"
+    return _node_call(base, "GET", path, None, wait_ms / 1000 + LONG_POLL_SLACK_S)
+
+
+def observe(node_url: str, scope: str, after_token: Optional[int] = None,
+            timeout_ms: int = 10_000, *, ca=None, cert=None, key=None, ssl_context=None) -> dict:
+    """``GET /v1/scopes/{scope}`` as a long poll on one node: the scope's view
+    (``{"scope", "session", "token", "proof"}``) once its token is not ``after_token``
+    (None: "none held"), or after ``timeout_ms`` (at most ``WAIT_MS_MAX``) unchanged."""
+    return _observe(_Base(node_url, _ssl_context(ca, cert, key, ssl_context)), scope,
+                    after_token, timeout_ms)
+
+
+def _retryable(error: PalisadeError) -> bool:
+    """Whether another node may answer where this one could not."""
+    unavailable = isinstance(error, HTTPError) and error.status in (502, 503, 504)
+    return isinstance(error, (Unreachable, Indeterminate)) or (
+        unavailable and error.kind != FENCE_PENDING)  # not-leader is a 503 too
+
+
+class Session:
+    """A named-leadership session on a cluster, kept alive by a daemon thread every third
+    of its TTL (following ``not-leader`` answers to the leader, trying other nodes when
+    one does not answer) until revoked, closed, or lost.
+
+    ``nodes`` is one node URL or a list of them (any of the cluster's). The session is
+    trusted until ``trusted_until`` (``time.monotonic()``): the send of the last answered
+    keepalive (or the open) plus the TTL less ``drift_ppm``. Past it, or after a 404
+    ``unknown-session``, ``is_lost()`` is true for good. As a context manager it revokes
+    the session on exit.
+    """
+
+    def __init__(self, nodes, ttl_ms: int = SESSION_TTL_MS_DEFAULT, *,
+                 drift_ppm: int = DRIFT_PPM_DEFAULT, ca=None, cert=None, key=None,
+                 ssl_context=None):
+        urls = [nodes] if isinstance(nodes, str) else list(nodes)
+        if not urls:
+            raise ValueError("a session needs at least one node URL")
+        if not SESSION_TTL_MS_MIN <= ttl_ms <= SESSION_TTL_MS_MAX:
+            raise ValueError(
+                f"session TTL {ttl_ms} ms is outside {SESSION_TTL_MS_MIN}..={SESSION_TTL_MS_MAX}"
+            )
+        if not 0 <= drift_ppm < 1_000_000:
+            raise ValueError(f"drift bound {drift_ppm} ppm must be in 0..1000000")
+        context = _ssl_context(ca, cert, key, ssl_context)
+        self._bases = [_Base(url, context) for url in urls]
+        self._ids: list = [None] * len(urls)
+        self._current = 0
+        self.drift_ppm = drift_ppm
+        #: Each attempt's limit: a keepalive to a paused node leaves time for another.
+        self._try_s = min(ttl_ms / 1000 / KEEPALIVES_PER_TTL, NODE_TIMEOUT_S)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self._loss: Optional[str] = None
+        self.last_error: Optional[str] = None
+        self._locate()
+
+        def open_once(base):
+            sent = time.monotonic()
+            return sent, _node_call(base, "POST", "/v1/sessions", {"ttl_ms": ttl_ms}, self._try_s)
+
+        sent, view = self._call(open_once, time.monotonic() + SESSION_CALL_TIMEOUT_S)
+        self.id: str = _segment(str(view.get("id", "")), "session id")
+        #: The TTL: the one asked for, or the node's if shorter.
+        self.ttl_ms = min(ttl_ms, int(view.get("ttl_ms", ttl_ms)))
+        self._until = session_trusted_until(sent, self.ttl_ms, drift_ppm)
+        self._thread = threading.Thread(
+            target=self._keep_alive, args=(sent,), name=f"palisade-session-{self.id}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def trusted_until(self) -> float:
+        """The ``time.monotonic()`` instant before which the session is trusted."""
+        with self._lock:
+            return self._until
+
+    @property
+    def loss(self) -> Optional[str]:
+        """Why the session is lost, or None while it is trusted."""
+        with self._lock:
+            if self._loss is None and time.monotonic() >= self._until:
+                self._loss = (f"no keepalive answered within its trust ({self.ttl_ms} ms TTL "
+                              f"less {self.drift_ppm} ppm drift); last error: {self.last_error}")
+                self._lost.set()
+            return self._loss
+
+    def is_lost(self) -> bool:
+        """Whether the session is lost: past ``trusted_until`` or unknown to the cluster."""
+        return self.loss is not None
+
+    def wait_lost(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the session is lost (True) or ``timeout`` seconds pass (False)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.is_lost():
+            now = time.monotonic()
+            if end is not None and now >= end:
+                return False
+            step = self.trusted_until - now
+            self._lost.wait(max(0.0, step if end is None else min(step, end - now)))
+        return True
+
+    def campaign(self, scope: str, timeout_ms: int = CAMPAIGN_TIMEOUT_MS_DEFAULT) -> dict:
+        """Campaigns for ``scope`` until held and fenced by every announce proxy, waiting
+        at most ``timeout_ms`` while another session holds it; asks again after
+        ``fence-pending``. Returns the grant (``{"scope", "token", "proof", "session"}``).
+        Raises ``SessionLost`` once lost (a grant arriving after that is worthless), and
+        ``HTTPError`` of kind ``campaign-timeout`` when the timeout passes first."""
+        scope = _segment(scope, "scope")
+        deadline = time.monotonic() + timeout_ms / 1000
+        pause = SESSION_RETRY_MIN_S
+
+        def campaign_once(base):
+            wait_ms = min(max(int((deadline - time.monotonic()) * 1000), 0), WAIT_MS_MAX)
+            path = f"/v1/scopes/{scope}/campaign?timeout_ms={wait_ms}"
+            return _node_call(base, "POST", path, {"session": self.id},
+                              max(wait_ms / 1000 + LONG_POLL_SLACK_S, self._try_s), self.id)
+
+        while True:
+            self._check_trusted()
+            try:
+                grant = self._call(campaign_once, deadline)
+            except HTTPError as e:
+                now = time.monotonic()
+                if e.kind in (FENCE_PENDING, CAMPAIGN_TIMEOUT) and now < deadline:
+                    time.sleep(min(pause, deadline - now))
+                    pause = min(pause * 2, SESSION_RETRY_MAX_S)
+                    continue
+                raise
+            if grant.get("scope") != scope or grant.get("session") != self.id:
+                raise PalisadeError(f"campaign for {scope} by {self.id} answered {grant!r}")
+            self._check_trusted()
+            return grant
+
+    def resign(self, scope: str) -> dict:
+        """Gives ``scope`` up (or stops waiting for it); ``released`` is False when the
+        session held nothing."""
+        path = f"/v1/scopes/{_segment(scope, 'scope')}/resign"
+        return self._call(
+            lambda base: _node_call(base, "POST", path, {"session": self.id}, self._try_s,
+                                    self.id),
+            time.monotonic() + SESSION_CALL_TIMEOUT_S,
+        )
+
+    def observe(self, scope: str, after_token: Optional[int] = None, timeout_ms: int = 10_000):
+        """The long poll of ``observe()``, on the cluster's nodes."""
+        return self._call(lambda base: _observe(base, scope, after_token, timeout_ms),
+                          time.monotonic() + timeout_ms / 1000 + LONG_POLL_SLACK_S)
+
+    def close(self) -> None:
+        """Stops the keepalives (the leader expires the session after its TTL)."""
+        self._stop.set()
+
+    def revoke(self) -> dict:
+        """Stops the keepalives and revokes the session, releasing what it holds.
+        ``UnknownSession`` means it was gone already."""
+        self.close()
+        path = f"/v1/sessions/{self.id}"
+        return self._call(
+            lambda base: _node_call(base, "DELETE", path, None, self._try_s, self.id),
+            time.monotonic() + SESSION_CALL_TIMEOUT_S,
+        )
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.revoke()
+        except PalisadeError:
+            pass  # The leader expires it after its TTL.
+
+    def _check_trusted(self) -> None:
+        loss = self.loss
+        if loss is not None:
+            raise SessionLost(self.id, loss)
+
+    def _lose(self, cause: str) -> None:
+        with self._lock:
+            if self._loss is None:
+                self._loss = cause
+        self._lost.set()
+
+    def _keep_alive(self, opened: float) -> None:
+        period = self.ttl_ms / 1000 / KEEPALIVES_PER_TTL
+        next_at = opened + period
+        pause = SESSION_RETRY_MIN_S
+        path = f"/v1/sessions/{self.id}/keepalive"
+        while not self._stop.is_set() and not self.is_lost():
+            wait = min(next_at, self.trusted_until) - time.monotonic()
+            if wait > 0:
+                if self._stop.wait(wait):
+                    return
+                continue
+            sent = time.monotonic()
+            limit = min(self._try_s, max(self.trusted_until - sent, 0.001))
+            try:
+                view = _node_call(self._bases[self._current], "POST", path, None, limit, self.id)
+            except UnknownSession:
+                self._lose("the cluster no longer knows the session (404 unknown-session)")
+                return
+            except PalisadeError as e:
+                self.last_error = str(e)
+                if _retryable(e):
+                    self._move(e)
+                next_at = time.monotonic() + pause
+                pause = min(pause * 2, SESSION_RETRY_MAX_S)
+                continue
+            ttl_ms = min(self.ttl_ms, int(view.get("ttl_ms", self.ttl_ms)))
+            trust = session_trusted_until(sent, ttl_ms, self.drift_ppm)
+            with self._lock:
+                # An answer never revives a session whose trust already ran out.
+                if self._loss is None and time.monotonic() < self._until:
+                    self._until = max(self._until, trust)
+            self.last_error = None
+            next_at, pause = sent + period, SESSION_RETRY_MIN_S
+
+    def _locate(self) -> None:
+        """Asks each node's ``GET /v1/leader``, learns their ids, and takes the leader."""
+        named = None
+        for index, base in enumerate(self._bases):
+            try:
+                view = _node_call(base, "GET", "/v1/leader", None, self._try_s)
+            except PalisadeError:
+                continue
+            self._ids[index] = view.get("node_id")
+            if view.get("role") == "leader":
+                self._current = index
+                return
+            named = named or view.get("leader_id") or None
+        if named in self._ids:
+            self._current = self._ids.index(named)
+
+    def _move(self, error: PalisadeError) -> None:
+        """After ``error`` from the current node: to the leader it names, else the next."""
+        leader_id = getattr(error, "leader_id", None)
+        if leader_id is not None and leader_id not in self._ids:
+            self._locate()
+        if leader_id is not None and leader_id in self._ids:
+            self._current = self._ids.index(leader_id)
+        else:
+            self._current = (self._current + 1) % len(self._bases)
+
+    def _call(self, op, deadline: float):
+        """``op(base)`` on the node believed to lead, moving on as ``_retryable`` says and
+        pausing after each round of failures, until an answer or ``deadline``."""
+        failures, pause = 0, SESSION_RETRY_MIN_S
+        while True:
+            try:
+                return op(self._bases[self._current])
+            except PalisadeError as e:
+                if not _retryable(e):
+                    raise
+                self.last_error = str(e)
+                self._move(e)
+                failures += 1
+                now = time.monotonic()
+                if now >= deadline:
+                    raise
+                if failures % len(self._bases) == 0:
+                    time.sleep(min(pause, deadline - now))
+                    pause = min(pause * 2, SESSION_RETRY_MAX_S)

@@ -50,6 +50,10 @@
 //!   damaged stops the process with the recovery steps, never a fresh start or a panic.
 //! - `trust_tokens`: signed tokens: forged tokens and proofs refused with 401, the
 //!   leader's proof admitted, and only the new leader's after an election.
+//! - `scopes_contention`: fifty scopes, three `palisade lock` client processes contending
+//!   for each, through the history checker.
+//! - `scopes_lock`: `palisade lock`: two locks contend; the paused holder's write is
+//!   refused and its command stopped (exit 75).
 //! - `scopes_named`: named leaderships: an expired holder fenced out at the proxy before
 //!   the next grant answers; no kept-alive session expires when the leader is killed.
 //! - `trust_admin`: the admin bearer token, and the audited fence reset (API and CLI).
@@ -82,6 +86,8 @@ mod proxy_reuseport;
 mod proxy_routing;
 mod proxy_streaming;
 mod proxy_transport;
+mod scopes_contention;
+mod scopes_lock;
 mod scopes_named;
 mod status_pages;
 mod trust_admin;

@@ -9,9 +9,11 @@ mod client_trust;
 mod demo;
 mod fence_cmd;
 mod keys;
+mod lock_cmd;
 mod member_cmd;
 mod node;
 mod proxy;
+mod scope_cmds;
 mod status_cmd;
 
 use std::process::ExitCode;
@@ -82,6 +84,18 @@ enum Command {
     /// Certificates: `certs generate --out DIR --names a,b` writes a CA and one
     /// certificate per name.
     Certs(certs::CertsArgs),
+    /// Run a command while holding a named scope; stop it the moment the lock is lost.
+    #[command(long_about = lock_cmd::LOCK_ABOUT, after_long_help = lock_cmd::LOCK_AFTER_HELP)]
+    Lock(lock_cmd::LockArgs),
+    /// Hold a named scope until interrupted; print its grant as one JSON line.
+    #[command(long_about = scope_cmds::CAMPAIGN_ABOUT)]
+    Campaign(scope_cmds::CampaignArgs),
+    /// Print who holds a named scope, one JSON line per change.
+    #[command(long_about = scope_cmds::OBSERVE_ABOUT)]
+    Observe(scope_cmds::ObserveArgs),
+    /// List the cluster's sessions (named leaderships).
+    #[command(long_about = scope_cmds::SESSIONS_ABOUT)]
+    Sessions(scope_cmds::SessionsArgs),
 }
 
 /// How a subcommand failed; decides the exit code.
@@ -93,6 +107,10 @@ pub(crate) enum Failure {
     /// Anything that went wrong while running: exit 1.
     #[error("{0}")]
     Runtime(String),
+    /// An outcome that has its own exit status (`palisade lock` passes on its command's),
+    /// already reported on stderr.
+    #[error("exit status {0}")]
+    Exit(u8),
 }
 
 /// Makes the `palisade` children of the demo and of `bench failover` run this very
@@ -214,6 +232,10 @@ fn main() -> ExitCode {
             Command::Member(args) => member_cmd::run(args).await,
             Command::Keys(args) => keys::run(args),
             Command::Certs(args) => certs::run(args),
+            Command::Lock(args) => lock_cmd::run(args).await,
+            Command::Campaign(args) => scope_cmds::campaign(args).await,
+            Command::Observe(args) => scope_cmds::observe(args).await,
+            Command::Sessions(args) => scope_cmds::sessions(args).await,
         }
     });
     match result {
@@ -226,6 +248,7 @@ fn main() -> ExitCode {
             eprintln!("palisade: {msg}");
             ExitCode::from(1)
         }
+        Err(Failure::Exit(code)) => ExitCode::from(code),
     }
 }
 
@@ -244,7 +267,11 @@ impl Command {
             | Self::Audit(_)
             | Self::Member(_)
             | Self::Keys(_)
-            | Self::Certs(_) => "error",
+            | Self::Certs(_)
+            | Self::Lock(_)
+            | Self::Campaign(_)
+            | Self::Observe(_)
+            | Self::Sessions(_) => "error",
         }
     }
 }

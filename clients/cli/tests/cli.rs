@@ -1,6 +1,7 @@
 //! The `palisade` client subcommands (`put`, `get`, `delete`, `fence`, `leader`) as a
 //! user runs them: the binary of this build against a real `palisade proxy` started from
-//! the same binary, checking stdout, stderr and exit codes.
+//! the same binary, checking stdout, stderr and exit codes; and `palisade lock` against a
+//! scripted node (`cli/lock_cmd.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // Tests may unwrap: a failed step panics with its cause.
 
@@ -12,6 +13,8 @@ use std::time::Duration;
 
 use palisade_protocol::process::ProxyReady;
 
+#[path = "cli/lock_cmd.rs"]
+mod lock_cmd;
 #[path = "cli/trust_cmds.rs"]
 mod trust_cmds;
 #[path = "cli/trust_tools.rs"]

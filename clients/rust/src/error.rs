@@ -93,13 +93,61 @@ pub enum ClientError {
     /// An answer this client cannot use (too large, not the expected JSON).
     #[error("bad response: {0}")]
     InvalidResponse(String),
+    /// A node that is not the raft leader refused a call only the leader answers (open a
+    /// session, keep it alive, campaign, resign): 503 `not-leader`. Ask the node it names.
+    #[error(
+        "node {url} (id {}) is not the leader: the leader it knows is {}",
+        leader_name(*.node_id),
+        leader_name(*.leader_id)
+    )]
+    NodeNotLeader {
+        /// The node asked.
+        url: String,
+        /// Its raft id, when it said.
+        node_id: Option<u64>,
+        /// The leader it knows, if any.
+        leader_id: Option<u64>,
+    },
+    /// The cluster has no live session with this id (404 `unknown-session`): never
+    /// opened, revoked, or expired because no keepalive reached the leader within its TTL.
+    #[error("unknown session {id}: never opened, revoked or expired")]
+    UnknownSession {
+        /// The session's id.
+        id: String,
+    },
+    /// The session can no longer be trusted (see [`Session`](crate::Session)): whatever
+    /// it held may already be someone else's. Nothing was sent.
+    #[error("session {id} is lost: {cause}")]
+    SessionLost {
+        /// The session's id.
+        id: String,
+        /// Why: the keepalives went unanswered past the session's trust, or the leader
+        /// no longer knows it.
+        cause: String,
+    },
 }
 
 impl ClientError {
     /// Whether the error is a fencing rejection or a local "not leader" refusal: the
     /// caller has lost (or never had) the leadership and should stop writing.
     pub fn is_leadership_lost(&self) -> bool {
-        matches!(self, Self::Fenced { .. } | Self::NotLeader { .. })
+        matches!(
+            self,
+            Self::Fenced { .. } | Self::NotLeader { .. } | Self::SessionLost { .. }
+        )
+    }
+
+    /// The problem kind of an error answer (`campaign-timeout`, `fence-pending`, ...):
+    /// the last segment of its problem+json `type`. The typed answers carry theirs too:
+    /// `stale-token`, `not-leader`, `unknown-session`.
+    pub fn problem_kind(&self) -> Option<&str> {
+        match self {
+            Self::Status { problem, .. } => problem.as_deref().map(Problem::kind),
+            Self::Fenced { .. } => Some(palisade_protocol::problem::kind::STALE_TOKEN),
+            Self::NodeNotLeader { .. } => Some(palisade_protocol::lease::NOT_LEADER),
+            Self::UnknownSession { .. } => Some(palisade_protocol::problem::kind::UNKNOWN_SESSION),
+            _ => None,
+        }
     }
 
     /// Whether the outcome of the request is unknown.
@@ -120,6 +168,8 @@ impl ClientError {
         match self {
             Self::Status { status, .. } => Some(*status),
             Self::Fenced { .. } => Some(StatusCode::CONFLICT),
+            Self::NodeNotLeader { .. } => Some(StatusCode::SERVICE_UNAVAILABLE),
+            Self::UnknownSession { .. } => Some(StatusCode::NOT_FOUND),
             _ => None,
         }
     }
@@ -159,5 +209,24 @@ mod tests {
             leader_id: None,
         };
         assert!(unknown.to_string().contains("leader unknown"));
+        let moved = ClientError::NodeNotLeader {
+            url: "http://127.0.0.1:7001".into(),
+            node_id: Some(1),
+            leader_id: Some(3),
+        };
+        assert_eq!(
+            moved.to_string(),
+            "node http://127.0.0.1:7001 (id 1) is not the leader: the leader it knows is 3"
+        );
+        assert_eq!(moved.problem_kind(), Some("not-leader"));
+        assert!(
+            !moved.is_leadership_lost(),
+            "the caller's own leadership is not at stake"
+        );
+        let lost = ClientError::SessionLost {
+            id: "s1".into(),
+            cause: "no keepalive answered".into(),
+        };
+        assert!(lost.is_leadership_lost());
     }
 }

@@ -98,7 +98,10 @@
 //! - `node_source`: [`NodeApiSource`], a token source that long-polls a node's HTTP API in
 //!   a background task.
 //! - `node`: [`NodeApi`], a client of a node's API (leadership, long poll, transfer,
-//!   health, test faults).
+//!   health, test faults); `node/scopes.rs` adds its named leaderships (sessions,
+//!   campaigns, resignations, scope reads).
+//! - `session`: [`Session`], a named-leadership session kept alive in the background
+//!   against a cluster's nodes, and its loss rule ([`SessionLoss`]).
 //! - `request`: [`FencedRequest`] and [`FencedResponse`], and how methods are classified.
 //! - `client`: [`FencedClient`], the fenced HTTP client, and its builder.
 //! - `admin`: [`ProxyAdmin`], a client of the proxy's admin API (read, advance or reset
@@ -114,7 +117,39 @@
 //!
 //! The wire types come from `palisade_protocol` and are re-exported here: [`LeaderView`],
 //! [`Role`], [`FenceView`], [`FenceList`], [`AdvanceResponse`], [`Transferred`],
-//! [`Health`], [`FaultSpec`], [`LongPoll`], [`Scope`], [`Problem`], [`ResetResponse`].
+//! [`Health`], [`FaultSpec`], [`LongPoll`], [`Scope`], [`Problem`], [`ResetResponse`],
+//! and the named leaderships' [`SessionView`], [`SessionRevoked`], [`SessionList`],
+//! [`SessionEntry`], [`Grant`], [`Resigned`], [`ScopeView`], [`ScopeList`].
+//!
+//! # Named leaderships
+//!
+//! A [`Session`] holds named scopes: it is opened on the cluster's leader with a TTL,
+//! kept alive in the background, and campaigns for a scope; the grant carries the
+//! scope's fencing token (and its proof) for the writes made while holding it. The
+//! session is trusted only until [`Session::trusted_until`]; past it (or once the
+//! cluster forgets it) [`Session::lost`] resolves and the holder must stop.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use palisade_client::Session;
+//!
+//! # async fn example() -> Result<(), palisade_client::ClientError> {
+//! let session = Session::builder(["http://127.0.0.1:7001", "http://127.0.0.1:7002"])
+//!     .ttl(Duration::from_secs(10))
+//!     .open()
+//!     .await?;
+//! let grant = session.campaign("nightly-report", Duration::from_secs(60)).await?;
+//! tokio::select! {
+//!     loss = session.lost() => eprintln!("stop at once: {loss}"),
+//!     () = async { /* the work, with grant.token on every write */ } => {
+//!         session.resign("nightly-report").await?;
+//!     }
+//! }
+//! # let _ = grant;
+//! session.revoke().await?;
+//! # Ok(())
+//! # }
+//! ```
 #![deny(missing_docs)]
 
 mod admin;
@@ -124,6 +159,7 @@ mod error;
 mod node;
 mod node_source;
 mod request;
+mod session;
 mod source;
 mod transport;
 
@@ -135,12 +171,16 @@ pub use client::{
 };
 pub use error::ClientError;
 pub use node::{
-    LONG_POLL_SLACK_MS, LONG_POLL_WAIT_MS_MAX, MEMBER_CHANGE_TIMEOUT_MS, NODE_REQUEST_TIMEOUT_MS,
-    NodeApi, TRANSFER_TIMEOUT_MS, is_establishing,
+    CAMPAIGN_WAIT_MS_MAX, LONG_POLL_SLACK_MS, LONG_POLL_WAIT_MS_MAX, MEMBER_CHANGE_TIMEOUT_MS,
+    NODE_REQUEST_TIMEOUT_MS, NodeApi, SESSION_ID_BYTES_MAX, TRANSFER_TIMEOUT_MS, is_establishing,
+    valid_session_id,
 };
 pub use node_source::{
     ESTABLISH_POLL_MS, FIRST_ANSWER_TIMEOUT_MS, LONG_POLL_WAIT_MS, NodeApiSource, PLAIN_POLL_MS,
     RECONNECT_BACKOFF_MAX_MS,
+};
+pub use palisade_protocol::scopes::{
+    Grant, Resigned, ScopeList, ScopeView, SessionEntry, SessionList, SessionRevoked, SessionView,
 };
 pub use palisade_protocol::{
     AdvanceResponse, FaultSpec, FenceList, FenceView, Health, LeaderView, LongPoll, Member,
@@ -148,5 +188,10 @@ pub use palisade_protocol::{
     Transferred,
 };
 pub use request::{FencedRequest, FencedResponse, IDEMPOTENCY_KEY, is_write};
+pub use session::{
+    DRIFT_PPM_DEFAULT, KEEPALIVES_PER_TTL, SESSION_CALL_TIMEOUT_MS, SESSION_NODES_MAX,
+    SESSION_OPEN_TIMEOUT_MS, SESSION_RETRY_MAX_MS, SESSION_RETRY_MIN_MS, Session, SessionBuilder,
+    SessionLoss,
+};
 pub use source::{BoxFuture, LEADER_POLL_MS, Leadership, StaticToken, TokenSource};
 pub use transport::{CONNECT_TIMEOUT_MS, ClientTls, RESPONSE_BYTES_MAX};

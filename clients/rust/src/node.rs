@@ -22,6 +22,10 @@ use crate::error::ClientError;
 use crate::source::Leadership;
 use crate::transport::{ClientTls, Endpoint, Failure, millis};
 
+mod scopes;
+
+pub use scopes::{CAMPAIGN_WAIT_MS_MAX, SESSION_ID_BYTES_MAX, valid_session_id};
+
 /// Longest a plain `GET /v1/leader` (or another read) may take: the node answers from
 /// memory, so a slower answer means the node is paused, overloaded or gone.
 pub const NODE_REQUEST_TIMEOUT_MS: u64 = 2_000;
@@ -86,9 +90,10 @@ impl NodeApi {
         })
     }
 
-    /// Limits plain reads to `timeout` instead of [`NODE_REQUEST_TIMEOUT_MS`] (a caller
-    /// that polls nodes that may be paused wants a short one). Long polls and transfers
-    /// keep their own limits.
+    /// Limits plain calls to `timeout` instead of [`NODE_REQUEST_TIMEOUT_MS`] (a caller
+    /// that polls nodes that may be paused wants a short one): reads, and the session
+    /// calls (open, keepalive, revoke, resign). Long polls, campaigns and transfers keep
+    /// their own limits.
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.endpoint.timeout = timeout;

@@ -46,6 +46,15 @@ impl ApiState {
                 e.to_string(),
             ))
         })?;
+        // `.` and `..` are scope names, but not in a URL path: a client's URL parser
+        // turns them into path steps before the request is sent.
+        if matches!(scope.as_str(), "." | "..") {
+            return Err(self.problem(Problem::new(
+                StatusCode::BAD_REQUEST,
+                kind::BAD_SCOPE,
+                format!("scope {scope:?} cannot be named in a node API path"),
+            )));
+        }
         if scope == self.scope {
             return Err(self.problem(Problem::new(
                 StatusCode::CONFLICT,

@@ -227,6 +227,16 @@ pub(super) async fn keepalive(
         state.owned_session(&machine, &id, &caller)?
     };
     let now = tokio::time::Instant::now();
+    // A quorum must confirm this node still leads, after the keepalive arrived, before
+    // it is answered: a leader paused through an election (deposed without knowing it)
+    // would otherwise extend a session its successor already expired, and the client
+    // would trust it past the expiry (the named-leaderships model found this). The
+    // confirmation shares the `ReadIndex` rounds of the fleet leases.
+    let established = state.leadership.borrow().established;
+    let confirmed = state.commands.lease(false).await;
+    if confirmed.ok().is_none_or(|term| Some(term) != established) {
+        return Err(state.call_problem(&ScopeCallError::NotLeader { leader_id: None }));
+    }
     let answer = {
         let mut lessor = api
             .shared

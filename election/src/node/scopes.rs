@@ -51,6 +51,9 @@ pub(crate) struct ScopesLoop {
     pub(super) pending: HashMap<u64, ScopeReply>,
     /// Whether the machine changed since it was last stored.
     pub(super) dirty: bool,
+    /// Outcomes applied in this batch, answered once the machine is stored and published
+    /// (an API call answered earlier could read the machine without its own change).
+    pub(super) answers: Vec<(ScopeReply, Outcome)>,
 }
 
 impl ScopesLoop {
@@ -68,6 +71,7 @@ impl ScopesLoop {
             lessor,
             pending: HashMap::new(),
             dirty: false,
+            answers: Vec::new(),
         };
         (this, shared)
     }
@@ -142,21 +146,24 @@ impl ElectionLoop {
         }
         debug!(node_id = self.id, index, op = ?entry.op, ?outcome, "named-leaderships entry applied");
         if let Some(reply) = self.scopes.pending.remove(&entry.req) {
-            let _ = reply.send(Ok(outcome));
+            self.scopes.answers.push((reply, outcome));
         }
     }
 
-    /// After a batch of applied entries: stores the machine (fsynced) and publishes it.
+    /// After a batch of applied entries: stores the machine (fsynced), publishes it, and
+    /// only then answers the requests whose entries the batch applied.
     pub(super) async fn store_scopes(&mut self) -> Result<(), NodeError> {
-        if !std::mem::take(&mut self.scopes.dirty) {
-            return Ok(());
+        if std::mem::take(&mut self.scopes.dirty) {
+            let bytes = self.scopes.machine.encode();
+            let log = self.log.clone();
+            blocking(move || log.apply_scopes(&bytes)).await?;
+            self.scopes
+                .tx
+                .send_replace(Arc::new(self.scopes.machine.clone()));
         }
-        let bytes = self.scopes.machine.encode();
-        let log = self.log.clone();
-        blocking(move || log.apply_scopes(&bytes)).await?;
-        self.scopes
-            .tx
-            .send_replace(Arc::new(self.scopes.machine.clone()));
+        for (reply, outcome) in self.scopes.answers.drain(..) {
+            let _ = reply.send(Ok(outcome));
+        }
         Ok(())
     }
 

@@ -345,7 +345,7 @@ pub(super) mod tests {
         ] {
             match plan(args) {
                 Err(Failure::Usage(m)) => assert!(m.contains(flag), "{args:?}: {m}"),
-                Err(Failure::Runtime(m)) => panic!("{args:?}: runtime error {m}"),
+                Err(other) => panic!("{args:?}: not a usage error: {other}"),
                 Ok(_) => panic!("{args:?} was accepted"),
             }
         }
