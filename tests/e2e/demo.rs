@@ -88,15 +88,77 @@ fn demo_with_three_proxies_rejects_the_old_leaders_write_through_another_proxy()
     assert!(stdout.contains("verdict: HOLDS"), "{stdout}");
 }
 
+/// Goal: `palisade demo --sessions` tells the same story with workers that are not raft
+/// members: the holder of scope `ledger` is paused past its session's TTL, the next waiter
+/// is granted a higher token, which the proxy fences before the grant is answered, the
+/// resumed holder's write with its old token is rejected, it finds its session lost and
+/// stops, and the verdict holds. Method: run it with a short pause and fast ticks; read
+/// the two grants, the proxy's fence after each, the pause, the rejection, the stop and
+/// the verdict from its timeline.
+#[test]
+fn demo_with_sessions_rejects_the_paused_holders_write_and_the_verdict_holds() {
+    let stdout = run_demo(&["--sessions"]);
+    assert!(
+        stdout.contains("workers that are not raft members and hold scope ledger"),
+        "{stdout}"
+    );
+    // `[  1.12s] worker 1 granted scope ledger with token 4`: (worker, token) in order.
+    let grants: Vec<(String, u64)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let (who, token) = l.split_once(" granted scope ledger with token ")?;
+            let worker = who.rsplit_once("worker ")?.1.trim().to_owned();
+            Some((worker, token.trim().parse().ok()?))
+        })
+        .collect();
+    let [(first, old), (next, new)] = grants.as_slice() else {
+        panic!("two grants, the holder's and the next waiter's: {grants:?}\n{stdout}");
+    };
+    assert_ne!(first, next, "the scope passed to another worker: {stdout}");
+    assert!(new > old, "the next grant's token is higher: {stdout}");
+    for (worker, token) in [(first, old), (next, new)] {
+        assert!(
+            stdout.contains(&format!(
+                "fence for scope ledger is {token}: raised to worker {worker}'s token before its campaign was answered"
+            )),
+            "the proxy fenced token {token} by the time worker {worker} had it: {stdout}"
+        );
+    }
+    assert!(
+        stdout.contains(&format!(
+            "PAUSE    SIGSTOP worker {first} while it holds scope ledger with token {old}"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("REJECTED worker {first}'s write ledger/w{first}-"))
+            && stdout.contains(&format!(
+                "with token {old} rejected: 409, the proxy's fence is {new}"
+            )),
+        "the paused holder's stale write was rejected: {stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("worker {first} stops because its session is lost")),
+        "the paused holder found its session lost: {stdout}"
+    );
+    assert!(
+        stdout.contains("(the paused holder's stale write was rejected)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("verdict: HOLDS"), "{stdout}");
+}
+
 /// Goal: bad options are usage errors (exit 2) that name the option. Method: run the
-/// demo with too few nodes, with a zero pause, and with no proxy.
+/// demo with too few nodes, with a zero pause, with no proxy, and with sessions in front
+/// of a fleet (a fleet's cluster grants no named scopes).
 #[test]
 fn demo_refuses_bad_options_with_exit_2() {
     crate::use_tested_binary();
     for args in [
-        ["demo", "--nodes", "2"],
-        ["demo", "--pause", "0"],
-        ["demo", "--proxies", "0"],
+        &["demo", "--nodes", "2"][..],
+        &["demo", "--pause", "0"],
+        &["demo", "--proxies", "0"],
+        &["demo", "--sessions", "--proxies", "2"],
     ] {
         let output = Command::new(crate::PALISADE).args(args).output().unwrap();
         assert_eq!(output.status.code(), Some(2), "{args:?}");

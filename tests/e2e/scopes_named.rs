@@ -22,13 +22,44 @@ const KEEPALIVE_EVERY: Duration = Duration::from_millis(TTL_MS / 3);
 
 /// Three nodes at 20 ms ticks announcing to one proxy that takes client-chosen scopes.
 fn cluster(dir: &std::path::Path) -> Cluster {
+    cluster_ticking(dir, &["--tick-ms", "20"])
+}
+
+/// Three nodes with `node_flags` announcing to one proxy that takes client-chosen scopes.
+fn cluster_ticking(dir: &std::path::Path, node_flags: &[&str]) -> Cluster {
     crate::use_tested_binary();
     let spec = ClusterSpec {
         nodes: 3,
-        node_flags: vec!["--tick-ms".into(), "20".into()],
+        node_flags: node_flags.iter().map(|f| (*f).to_owned()).collect(),
         proxy_flags: vec!["--client-scopes".into()],
     };
     start_cluster(dir, &spec, &ClusterOptions::default())
+}
+
+/// The API base URL of node `id`, without a trailing slash.
+fn api_of(cluster: &Cluster, id: u64) -> String {
+    cluster
+        .node(id)
+        .unwrap()
+        .api_url("")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+/// Every node's API base URL.
+fn urls_of(cluster: &Cluster) -> Vec<String> {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| api_of(cluster, n.id()))
+        .collect()
+}
+
+/// A `GET` of a node's API, its JSON body.
+async fn get_json(url: &str) -> serde_json::Value {
+    call(Method::GET, url, &serde_json::Value::Null)
+        .await
+        .json()
 }
 
 /// A JSON request to a node's API.
@@ -44,6 +75,23 @@ async fn call(method: Method, url: &str, body: &serde_json::Value) -> Answer {
 /// Opens a session with [`TTL_MS`] on `api` (the leader's API URL), its id.
 async fn open(api: &str) -> String {
     open_with(api, TTL_MS).await
+}
+
+/// Opens a session with `ttl_ms`, asking `first` and then every node of `urls` until one
+/// answers 200 (the leader may move under load); its id.
+async fn open_on_any(first: &str, urls: &[String], ttl_ms: u64) -> String {
+    let body = serde_json::json!({ "ttl_ms": ttl_ms });
+    let opened = palisade_cluster::wait::poll(ELECTION_TIMEOUT, || async {
+        for url in std::iter::once(first).chain(urls.iter().map(String::as_str)) {
+            let answer = call(Method::POST, &format!("{url}/v1/sessions"), &body).await;
+            if answer.status == StatusCode::OK {
+                return answer.json()["id"].as_str().map(str::to_owned);
+            }
+        }
+        None
+    })
+    .await;
+    opened.expect("a session opened on some node")
 }
 
 /// Opens a session with `ttl_ms` on `api`, its id.
@@ -302,23 +350,16 @@ static FAILOVER_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(()
 async fn sessions_survive(how: Failover) {
     let _one_at_a_time = FAILOVER_TESTS.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut cluster = cluster(dir.path());
+    // The default tick: a thousand sessions and their keepalives load the two cores,
+    // and a spurious election at 20 ms ticks would move the leader this test fails over.
+    let mut cluster = cluster_ticking(dir.path(), &[]);
     let leader = first_announced_leader(&cluster, ELECTION_TIMEOUT).await;
-    let api = cluster
-        .node(leader.node_id)
-        .unwrap()
-        .api_url("")
-        .trim_end_matches('/')
-        .to_owned();
-    let urls: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| n.api_url("").trim_end_matches('/').to_owned())
-        .collect();
+    let api = api_of(&cluster, leader.node_id);
+    let urls: Vec<String> = urls_of(&cluster);
     // Each session is kept alive from the moment it is open: opening a thousand takes
     // longer than a TTL on a loaded machine.
     let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let keeper = keep_all_alive(urls, std::sync::Arc::clone(&kept));
+    let keeper = keep_all_alive(urls.clone(), std::sync::Arc::clone(&kept));
     let mut opening = tokio::task::JoinSet::new();
     for _ in 0..FAILOVER_SESSIONS {
         while opening.len() >= KEEPALIVES_IN_FLIGHT {
@@ -327,7 +368,8 @@ async fn sessions_survive(how: Failover) {
             kept.lock().unwrap().push(id);
         }
         let api = api.clone();
-        opening.spawn(async move { open_with(&api, FAILOVER_TTL_MS).await });
+        let urls = urls.clone();
+        opening.spawn(async move { open_on_any(&api, &urls, FAILOVER_TTL_MS).await });
     }
     while let Some(id) = opening.join_next().await {
         kept.lock().unwrap().push(id.unwrap());
@@ -365,12 +407,7 @@ async fn sessions_survive(how: Failover) {
         "the keepalive task stopped: {:?}",
         keeper.await
     );
-    let new_api = cluster
-        .node(next.node_id)
-        .unwrap()
-        .api_url("")
-        .trim_end_matches('/')
-        .to_owned();
+    let new_api = api_of(&cluster, next.node_id);
     let live = call(
         Method::GET,
         &format!("{new_api}/v1/sessions"),
@@ -390,13 +427,7 @@ async fn sessions_survive(how: Failover) {
     );
     assert_eq!(live, sessions.iter().cloned().collect());
     for (n, (session, token)) in grants.iter().enumerate() {
-        let view = call(
-            Method::GET,
-            &format!("{new_api}/v1/scopes/job-{n}"),
-            &serde_json::Value::Null,
-        )
-        .await
-        .json();
+        let view = get_json(&format!("{new_api}/v1/scopes/job-{n}")).await;
         assert_eq!(
             (view["session"].as_str(), view["token"].as_u64()),
             (Some(session.as_str()), Some(*token))
@@ -432,12 +463,7 @@ async fn grants_continue_above_every_earlier_token_after_all_nodes_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = cluster(dir.path());
     let leader = first_announced_leader(&cluster, ELECTION_TIMEOUT).await;
-    let api = cluster
-        .node(leader.node_id)
-        .unwrap()
-        .api_url("")
-        .trim_end_matches('/')
-        .to_owned();
+    let api = api_of(&cluster, leader.node_id);
     let (a, b) = (open(&api).await, open(&api).await);
     let grant = call(
         Method::POST,
@@ -461,19 +487,8 @@ async fn grants_continue_above_every_earlier_token_after_all_nodes_restart() {
         .wait_for_leader(leader.term, None, ELECTION_TIMEOUT)
         .await
         .expect("a leader after the restart");
-    let api = cluster
-        .node(leader.node_id)
-        .unwrap()
-        .api_url("")
-        .trim_end_matches('/')
-        .to_owned();
-    let view = call(
-        Method::GET,
-        &format!("{api}/v1/scopes/a"),
-        &serde_json::Value::Null,
-    )
-    .await
-    .json();
+    let api = api_of(&cluster, leader.node_id);
+    let view = get_json(&format!("{api}/v1/scopes/a")).await;
     assert_eq!(
         (view["session"].as_str(), view["token"].as_u64()),
         (Some(a.as_str()), Some(first)),
@@ -524,22 +539,13 @@ async fn membership_changes_during_campaigns_keep_grants_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let mut cluster = cluster(dir.path());
     let leader = first_announced_leader(&cluster, ELECTION_TIMEOUT).await;
-    let api = cluster
-        .node(leader.node_id)
-        .unwrap()
-        .api_url("")
-        .trim_end_matches('/')
-        .to_owned();
+    let api = api_of(&cluster, leader.node_id);
     let (a, b) = (
         open_with(&api, FAILOVER_TTL_MS).await,
         open_with(&api, FAILOVER_TTL_MS).await,
     );
     let kept = std::sync::Arc::new(std::sync::Mutex::new(vec![a.clone(), b.clone()]));
-    let urls: Vec<String> = cluster
-        .nodes
-        .iter()
-        .map(|n| n.api_url("").trim_end_matches('/').to_owned())
-        .collect();
+    let urls: Vec<String> = urls_of(&cluster);
     let keeper = keep_all_alive(urls, kept);
     let campaign_url = format!("{api}/v1/scopes/m/campaign?timeout_ms=60000");
     let first = call(
@@ -648,4 +654,59 @@ async fn membership_changes_during_campaigns_keep_grants_in_order() {
     .await;
     assert!(on_four.is_some(), "the new member applied the same grant");
     keeper.abort();
+}
+
+/// Goal: keepalives sent to a follower reach the leader: a session kept alive only
+/// through a follower outlives its TTL several times; an id the follower does not know
+/// is not answered 404 by it (only the leader says a session is gone).
+/// Method: three nodes; a session (TTL 2 s) opened on the leader; a keepalive to a
+/// follower every 600 ms for 5 s, each answered 200; the leader still lists the session.
+#[tokio::test]
+async fn keepalives_sent_to_a_follower_reach_the_leader() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster(dir.path());
+    let leader = first_announced_leader(&cluster, ELECTION_TIMEOUT).await;
+    let api = api_of(&cluster, leader.node_id);
+    let follower = cluster
+        .nodes
+        .iter()
+        .find(|n| n.id() != leader.node_id)
+        .unwrap();
+    let via = follower.api_url("").trim_end_matches('/').to_owned();
+    let session = open(&api).await;
+    let keepalive =
+        |url: String| async move { call(Method::POST, &url, &serde_json::Value::Null).await };
+    let url = format!("{via}/v1/sessions/{session}/keepalive");
+    // The follower learns where the leader's API is from the entry the leader proposes
+    // when it takes office; wait for the first forwarded answer.
+    let first = palisade_cluster::wait::poll(ELECTION_TIMEOUT, || {
+        let url = url.clone();
+        async move { (keepalive(url).await.status == StatusCode::OK).then_some(()) }
+    })
+    .await;
+    assert!(
+        first.is_some(),
+        "a keepalive through the follower was answered 200"
+    );
+    let until = tokio::time::Instant::now() + Duration::from_millis(5_000);
+    while tokio::time::Instant::now() < until {
+        // Paced as a client does (the leader refuses keepalives closer than 100 ms).
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let answer = keepalive(url.clone()).await;
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
+    }
+    let live = get_json(&format!("{api}/v1/sessions")).await;
+    assert_eq!(
+        live["sessions"][0]["id"].as_str(),
+        Some(session.as_str()),
+        "alive after 2.5 TTLs"
+    );
+    let bogus = keepalive(format!("{via}/v1/sessions/{}/keepalive", "0".repeat(32))).await;
+    assert_eq!(
+        bogus.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "only the leader answers 404"
+    );
+    let at_leader = keepalive(format!("{api}/v1/sessions/{}/keepalive", "0".repeat(32))).await;
+    assert_eq!(at_leader.status, StatusCode::NOT_FOUND);
 }

@@ -59,6 +59,9 @@ enum Command {
     /// One worker of the demo (started by `palisade demo`).
     #[command(hide = true)]
     DemoWorker(demo::worker::WorkerArgs),
+    /// One worker of `palisade demo --sessions` (started by it): a session holder.
+    #[command(hide = true)]
+    DemoSessionWorker(demo::session_worker::SessionWorkerArgs),
     /// Load generator for the proxy (throughput, latency percentiles), and failover timing.
     Bench(bench::BenchArgs),
     /// Store an object through the proxy with a fencing token.
@@ -221,6 +224,7 @@ fn main() -> ExitCode {
             }),
             Command::Demo(args) => demo::run(args).await,
             Command::DemoWorker(args) => demo::worker::run(args).await,
+            Command::DemoSessionWorker(args) => demo::session_worker::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Put(args) => client_cmds::put(args).await,
             Command::Get(args) => client_cmds::get(args).await,
@@ -256,7 +260,11 @@ impl Command {
     /// The log level when `RUST_LOG` is not set.
     fn default_log_level(&self) -> &'static str {
         match self {
-            Self::Proxy(_) | Self::Node(_) | Self::Demo(_) | Self::DemoWorker(_) => "info",
+            Self::Proxy(_)
+            | Self::Node(_)
+            | Self::Demo(_)
+            | Self::DemoWorker(_)
+            | Self::DemoSessionWorker(_) => "info",
             Self::Bench(_)
             | Self::Put(_)
             | Self::Get(_)

@@ -12,7 +12,15 @@
 //! store that fences nothing itself ([`store`]). The worker of node K writes through
 //! proxy `(K - 1) % N`, so the paused leader's write goes through a different proxy from
 //! the new leader's, and is still rejected.
+//!
+//! With `--sessions` ([`sessions`]) the workers are not beside the nodes and are not raft
+//! members: each opens a session on the cluster and campaigns for one named scope
+//! ([`SESSION_SCOPE`]); the holder writes with its grant's token, is paused past its
+//! session's TTL, the next waiter is granted a higher token (fenced at the proxy before
+//! the grant is answered), and the resumed holder's write is rejected. The same verdict.
 
+pub(crate) mod session_worker;
+mod sessions;
 mod state;
 mod store;
 mod timeline;
@@ -47,6 +55,12 @@ const PROXIES_MAX: usize = 5;
 /// intervals (one tick each by default), so renewals every third of it keep up on a
 /// loaded machine, and short enough that a failover with a release wait stays quick.
 const LEASE_TICKS: u64 = 10;
+/// The named scope the `--sessions` workers campaign for and write in.
+const SESSION_SCOPE: &str = "ledger";
+/// The `--sessions` workers' session TTL: the shortest the cluster grants is 1 s; three
+/// keepalives per TTL at 1 s apart keep up on a loaded machine, and the holder's pause
+/// outlasts it by little so the demo stays short. `--sessions`' help and the README say 3 s.
+const SESSION_TTL: Duration = Duration::from_secs(3);
 
 /// Run the demonstration: a cluster, a proxy, workers, a GC-paused stale leader, a verdict.
 #[derive(Args)]
@@ -54,7 +68,9 @@ pub(crate) struct DemoArgs {
     /// Number of election nodes (3 to 7).
     #[arg(long, default_value_t = 3, env = "PALISADE_DEMO_NODES")]
     nodes: usize,
-    /// How long the leader stays paused, in seconds.
+    /// How long the leader stays paused, in seconds. With --sessions: how long the
+    /// holder stays paused at least; it stays paused until the next waiter was granted
+    /// the scope.
     #[arg(long, default_value_t = 5.0, env = "PALISADE_DEMO_PAUSE")]
     pause: f64,
     /// raft tick in milliseconds for the nodes.
@@ -71,6 +87,13 @@ pub(crate) struct DemoArgs {
     /// no admin token), as before they existed. By default the demo runs secure.
     #[arg(long)]
     insecure_demo: bool,
+    /// The workers are clients, not raft members: each opens a session (TTL 3 s) and
+    /// campaigns for the named scope `ledger`, writing with its grant's token and
+    /// `Fencing-Scope: ledger` (the proxy runs with --client-scopes). The holder is paused
+    /// past its TTL, the next waiter is granted a higher token, and the resumed holder's
+    /// write is rejected; it notices that its session is lost and stops. One proxy only.
+    #[arg(long, env = "PALISADE_DEMO_SESSIONS")]
+    sessions: bool,
 }
 pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
     crate::children_run_this_binary()?;
@@ -86,6 +109,12 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
             args.proxies
         )));
     }
+    if args.sessions && args.proxies > 1 {
+        return Err(Failure::Usage(format!(
+            "--sessions with --proxies {}: named scopes are not granted by a cluster of fleet proxies; --sessions runs one proxy",
+            args.proxies
+        )));
+    }
     if !(args.pause.is_finite() && (0.5..=120.0).contains(&args.pause)) {
         return Err(Failure::Usage(format!(
             "--pause {} is out of range: 0.5 to 120 seconds",
@@ -98,7 +127,13 @@ pub(crate) async fn run(args: DemoArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("cannot create a temporary directory: {e}")))?;
     let path = dir.path().to_owned();
     let outcome = tokio::select! {
-        outcome = timeline::run(&args, path.clone()) => outcome,
+        outcome = async {
+            if args.sessions {
+                sessions::run(&args, path.clone()).await
+            } else {
+                timeline::run(&args, path.clone()).await
+            }
+        } => outcome,
         () = crate::shutdown_signal() => Err(Failure::Runtime("interrupted; every process was stopped".to_owned())),
     };
     // Every child was killed when the demo's state was dropped above.

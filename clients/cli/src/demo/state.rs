@@ -1,7 +1,8 @@
-//! The demo's state while it runs: the cluster, a worker beside each node and what the
-//! workers report, and the steps the timeline waits for (a leader announced at every
-//! proxy, a worker in the middle of a job, its end), the pause and resume of a node with
-//! its worker, and the ledger as the store holds it.
+//! The demo's state while it runs: the cluster, a worker beside each node (or, with
+//! `--sessions`, a session worker per node) and what the workers report, and the steps
+//! the timeline waits for (a leader announced at every proxy, a worker in the middle of a
+//! job, its end), the pause and resume of a node with its worker, and the ledger as the
+//! store holds it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
@@ -11,45 +12,56 @@ use palisade_cluster::{ChildGuard, Cluster, LeaderView, WRITER_CERT_NAME, spawn_
 use palisade_protocol::process::WORKER_READY_LINE;
 use serde::Deserialize;
 
+use super::session_worker::{Line, SessionEvent};
 use super::verdict::{Entry, Observed};
 use super::worker::{self, Event};
-use super::{SCORES_WAIT, STEP_TIMEOUT, store};
+use super::{SCORES_WAIT, SESSION_SCOPE, STEP_TIMEOUT, store};
 use crate::Failure;
 
 /// The demo's state: the cluster, workers, and what was seen so far.
 pub(super) struct Demo {
     started: Instant,
     pub(super) cluster: Cluster,
-    workers: BTreeMap<u64, Worker>,
+    pub(super) workers: BTreeMap<u64, Worker>,
     pub(super) observed: Observed,
     /// The fleet's shared store, when the demo runs more than one proxy.
     store: Option<store::DemoStore>,
     /// Token to the workers whose writes with it were accepted.
     pub(super) writers: BTreeMap<u64, BTreeSet<String>>,
     pub(super) rejections: Vec<String>,
+    /// The session workers' grants, in the order they were reported: (worker, token).
+    pub(super) grants: Vec<(u64, u64)>,
 }
 
-struct Worker {
-    guard: ChildGuard,
+pub(super) struct Worker {
+    pub(super) guard: ChildGuard,
     lines: mpsc::Receiver<String>,
     /// The token of the last `holding` event.
     holding: Option<u64>,
     /// Whether it reported a write outcome since the last `holding`.
     finished_job: bool,
+    /// A session worker's reason to stop, once it reported one.
+    pub(super) lost: Option<String>,
 }
 
 impl Demo {
     /// The state of a demo whose cluster (and, in a fleet, shared store) runs, before
     /// any worker starts.
-    pub(super) fn new(started: Instant, cluster: Cluster, store: Option<store::DemoStore>) -> Self {
+    pub(super) fn new(
+        started: Instant,
+        cluster: Cluster,
+        store: Option<store::DemoStore>,
+        observed: Observed,
+    ) -> Self {
         Self {
             started,
             cluster,
             workers: BTreeMap::new(),
-            observed: Observed::default(),
+            observed,
             store,
             writers: BTreeMap::new(),
             rejections: Vec::new(),
+            grants: Vec::new(),
         }
     }
 
@@ -113,8 +125,13 @@ impl Demo {
     }
 
     pub(super) fn start_workers(&mut self, dir: &std::path::Path) -> Result<(), Failure> {
-        for node in &self.cluster.nodes {
-            let id = node.id();
+        let nodes: Vec<(u64, String)> = self
+            .cluster
+            .nodes
+            .iter()
+            .map(|n| (n.id(), n.api_url("")))
+            .collect();
+        for (id, api) in nodes {
             let proxy = self
                 .cluster
                 .proxy_at(self.worker_proxy(id))
@@ -123,35 +140,14 @@ impl Demo {
             let mut args = vec![
                 "demo-worker".to_owned(),
                 "--node".to_owned(),
-                node.api_url(""),
+                api,
                 "--proxy".to_owned(),
                 proxy,
                 "--name".to_owned(),
                 format!("w{id}"),
             ];
-            if let Some(trust) = &self.cluster.trust {
-                for (flag, path) in [
-                    ("--ca", trust.ca()),
-                    ("--cert", trust.cert(WRITER_CERT_NAME)),
-                    ("--key", trust.key(WRITER_CERT_NAME)),
-                ] {
-                    args.push(flag.to_owned());
-                    args.push(path.display().to_string());
-                }
-            }
-            let log = dir.join(format!("worker-{id}.log"));
-            let (guard, _, lines) =
-                spawn_until_line(&args, &log, WORKER_READY_LINE, &format!("worker {id}"))
-                    .map_err(|e| Failure::Runtime(e.to_string()))?;
-            self.workers.insert(
-                id,
-                Worker {
-                    guard,
-                    lines,
-                    holding: None,
-                    finished_job: true,
-                },
-            );
+            args.extend(self.worker_tls_args());
+            self.spawn_worker(id, &args, dir)?;
         }
         let through = if self.cluster.fleet.is_empty() {
             String::new()
@@ -180,13 +176,60 @@ impl Demo {
         Ok(())
     }
 
+    /// The TLS flags of a worker in a secure cluster (its CA, the writers' certificate);
+    /// none otherwise.
+    pub(super) fn worker_tls_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(trust) = &self.cluster.trust {
+            for (flag, path) in [
+                ("--ca", trust.ca()),
+                ("--cert", trust.cert(WRITER_CERT_NAME)),
+                ("--key", trust.key(WRITER_CERT_NAME)),
+            ] {
+                args.push(flag.to_owned());
+                args.push(path.display().to_string());
+            }
+        }
+        args
+    }
+
+    /// Starts worker `id` (`palisade <args>`, with its log in `dir`) and waits until it is
+    /// ready.
+    pub(super) fn spawn_worker(
+        &mut self,
+        id: u64,
+        args: &[String],
+        dir: &std::path::Path,
+    ) -> Result<(), Failure> {
+        let log = dir.join(format!("worker-{id}.log"));
+        let (guard, _, lines) =
+            spawn_until_line(args, &log, WORKER_READY_LINE, &format!("worker {id}"))
+                .map_err(|e| Failure::Runtime(e.to_string()))?;
+        self.workers.insert(
+            id,
+            Worker {
+                guard,
+                lines,
+                holding: None,
+                finished_job: true,
+                lost: None,
+            },
+        );
+        Ok(())
+    }
+
     /// Reads every worker's new events and prints them.
-    fn pump(&mut self) {
+    pub(super) fn pump(&mut self) {
         let mut said = Vec::new();
         for (id, worker) in &mut self.workers {
             while let Ok(line) = worker.lines.try_recv() {
-                let Ok(event) = serde_json::from_str::<Event>(&line) else {
-                    continue;
+                let event = match serde_json::from_str::<Line>(&line) {
+                    Ok(Line::Job(event)) => event,
+                    Ok(Line::Session(event)) => {
+                        said.push(session_event(*id, worker, event, &mut self.grants));
+                        continue;
+                    }
+                    Err(_) => continue,
                 };
                 event.record(&format!("w{id}"), &mut self.observed.recorder);
                 match event {
@@ -344,6 +387,20 @@ impl Demo {
         .await
     }
 
+    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) worker `id` alone.
+    pub(super) fn signal_worker(&self, id: u64, stop: bool) -> Result<(), Failure> {
+        let worker = self
+            .workers
+            .get(&id)
+            .ok_or_else(|| Failure::Runtime(format!("no worker {id}")))?;
+        let signalled = if stop {
+            worker.guard.pause()
+        } else {
+            worker.guard.resume()
+        };
+        signalled.map_err(|e| Failure::Runtime(e.to_string()))
+    }
+
     pub(super) fn pause(&self, id: u64) -> Result<(), Failure> {
         self.signal_pair(id, true)
     }
@@ -423,3 +480,32 @@ impl Demo {
             .collect())
     }
 }
+
+/// Records a session worker's event about its session, and what the demo says about it.
+fn session_event(
+    id: u64,
+    worker: &mut Worker,
+    event: SessionEvent,
+    grants: &mut Vec<(u64, u64)>,
+) -> (String, String) {
+    let what = match event {
+        SessionEvent::Opened { session, ttl_ms } => format!(
+            "opened session {} (TTL {:.2}s) and campaigns for scope {SESSION_SCOPE}",
+            session.get(..SESSION_ID_SHOWN).unwrap_or(&session),
+            Duration::from_millis(ttl_ms).as_secs_f64()
+        ),
+        SessionEvent::Granted { scope, token } => {
+            grants.push((id, token));
+            format!("granted scope {scope} with token {token}")
+        }
+        SessionEvent::Lost { cause } => {
+            let what = format!("stops because {cause}");
+            worker.lost = Some(cause);
+            what
+        }
+    };
+    (format!("worker {id}"), what)
+}
+
+/// How many characters of a session id the demo prints: enough to tell the sessions apart.
+const SESSION_ID_SHOWN: usize = 8;

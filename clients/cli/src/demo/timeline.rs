@@ -1,7 +1,8 @@
 //! The demo's timeline: start the cluster (a fleet with `--proxies N`) and the workers,
 //! let the leader's worker write, pause the leader with its worker, wait for the new
 //! leader's token at every proxy, resume, and print the summary with the verdict on the
-//! ledger the store applied.
+//! ledger the store applied. The parts the `--sessions` variant shares (starting the
+//! cluster, saying how it is secured, the summary and verdict) are functions of their own.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -11,13 +12,22 @@ use palisade_cluster::{
 };
 
 use super::state::Demo;
+use super::verdict::{Entry, Observed};
 use super::{COOLDOWN, DEMO_SCORE_MARGIN_MS, DemoArgs, LEASE_TICKS, WARMUP, store, verdict};
 use crate::Failure;
+
+/// What the summary says beyond the ledger and the verdict.
+pub(super) struct Story {
+    /// Who was paused, in the rejections line: "the paused leader".
+    pub(super) paused: &'static str,
+    /// Lines printed between the rejections and the verdict (the fleet's proxies, the
+    /// failover's length), each without its indent.
+    pub(super) lines: Vec<String>,
+}
 
 /// Runs the demo in `dir` and prints its timeline and summary; the verdict decides the
 /// result.
 pub(super) async fn run(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
-    let runtime = |e: palisade_cluster::ClusterError| Failure::Runtime(e.to_string());
     let pause = Duration::from_secs_f64(args.pause);
     let fleet = args.proxies > 1;
     if fleet {
@@ -43,28 +53,11 @@ pub(super) async fn run(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
         None
     };
     let lease_ms = LEASE_TICKS * args.tick_ms;
-    let spec = ClusterSpec {
-        nodes: args.nodes,
-        node_flags: vec![
-            "--tick-ms".to_owned(),
-            args.tick_ms.to_string(),
-            // Leaders placed by score: each node measures its round trip to the proxies.
-            "--score-oracle".to_owned(),
-            "storage-rtt".to_owned(),
-            "--score-margin".to_owned(),
-            DEMO_SCORE_MARGIN_MS.to_string(),
-        ],
-        proxy_flags: store
-            .as_ref()
-            .map(|s| vec!["--upstream".to_owned(), s.url()])
-            .unwrap_or_default(),
-    };
-    let options = ClusterOptions {
-        secure: !args.insecure_demo,
-        fleet: fleet.then(|| Fleet::new(args.proxies, lease_ms)),
-        ..ClusterOptions::default()
-    };
-    let cluster = Cluster::start_with(&dir, &spec, &options).map_err(runtime)?;
+    let proxy_flags = store
+        .as_ref()
+        .map(|s| vec!["--upstream".to_owned(), s.url()])
+        .unwrap_or_default();
+    let cluster = start_cluster(args, &dir, proxy_flags)?;
     if fleet {
         println!(
             "  fleet: every proxy holds a lease of {lease_ms} ms on the current term (renewed from the cluster); a new leader's token is released once every proxy accepted its term, or once every lease certainly expired"
@@ -73,41 +66,22 @@ pub(super) async fn run(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
             "  fleet: the store behind the proxies fences nothing itself: what it applied is what the fleet admitted"
         );
     }
-    if cluster.trust.is_some() {
-        println!(
-            "  secure: signed fencing tokens (nodes sign with token.key, the proxy checks proofs with token.pub)"
-        );
-        println!(
-            "  secure: peer mutual TLS between nodes, and an https node API that requires client certificates"
-        );
-        println!("  secure: the proxy's admin API requires a bearer token (admin.token)");
-        println!(
-            "  secure: roles from the certificates' names: nodes node-N, {}, the workers {WRITER_CERT_NAME} (leader views only), the demo's own node API calls {OPERATOR_CERT_NAME}; any other use of a node API route is refused with 403",
-            if fleet {
-                "proxies proxy-N (leases under their own name only)"
-            } else {
-                "the proxy proxy-1"
-            }
-        );
-    } else {
-        println!(
-            "  insecure (--insecure-demo): unsigned tokens, plaintext peers and node APIs, no admin token"
-        );
-    }
-    println!();
-    let mut demo = Demo::new(started, cluster, store);
-    for (i, proxy) in demo.cluster.proxies().into_iter().enumerate() {
-        demo.say(
-            &demo.proxy_name(i),
-            &format!("listening on {} (admin {})", proxy.addr, proxy.admin),
-        );
-    }
-    for node in &demo.cluster.nodes {
-        demo.say(
-            &format!("node {}", node.id()),
-            &format!("started, API {}", node.spec.api),
-        );
-    }
+    say_trust(
+        &cluster,
+        if fleet {
+            "proxies proxy-N (leases under their own name only)"
+        } else {
+            "the proxy proxy-1"
+        },
+        "leader views only",
+    );
+    let mut demo = Demo::new(
+        started,
+        cluster,
+        store,
+        Observed::new(palisade_cluster::worker::WORKER_SCOPE, "leader"),
+    );
+    say_started(&demo);
     demo.start_workers(&dir)?;
 
     // The first leader.
@@ -201,9 +175,110 @@ pub(super) async fn run(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     demo.pump_for(COOLDOWN).await;
     demo.stop_workers();
 
-    // The verdict, on the ledger as the store applied it.
-    let ledger = demo.ledger().await?;
+    let mut lines = Vec::new();
+    if fleet {
+        lines.push(format!(
+            "fleet: the paused leader's write went through {}, the new leader's through {}{}",
+            demo.proxy_name(old_proxy),
+            demo.proxy_name(new_proxy),
+            if old_proxy == new_proxy {
+                " (the same proxy: more nodes than proxies)"
+            } else {
+                " (different proxies)"
+            }
+        ));
+    }
+    lines.push(format!(
+        "failover: {:.2}s from SIGSTOP of node {leader} until token {new_token} was announced at the {}",
+        failover.as_secs_f64(),
+        if fleet { "proxies" } else { "proxy" }
+    ));
+    conclude(
+        &demo,
+        &Story {
+            paused: "the paused leader",
+            lines,
+        },
+    )
+    .await
+}
+
+/// Starts the demo's cluster in `dir`: `args.nodes` nodes placed by score, and the proxy
+/// (a fleet with `--proxies N`) with `proxy_flags`.
+pub(super) fn start_cluster(
+    args: &DemoArgs,
+    dir: &std::path::Path,
+    proxy_flags: Vec<String>,
+) -> Result<Cluster, Failure> {
+    let spec = ClusterSpec {
+        nodes: args.nodes,
+        node_flags: vec![
+            "--tick-ms".to_owned(),
+            args.tick_ms.to_string(),
+            // Leaders placed by score: each node measures its round trip to the proxies.
+            "--score-oracle".to_owned(),
+            "storage-rtt".to_owned(),
+            "--score-margin".to_owned(),
+            DEMO_SCORE_MARGIN_MS.to_string(),
+        ],
+        proxy_flags,
+    };
+    let options = ClusterOptions {
+        secure: !args.insecure_demo,
+        fleet: (args.proxies > 1).then(|| Fleet::new(args.proxies, LEASE_TICKS * args.tick_ms)),
+        ..ClusterOptions::default()
+    };
+    Cluster::start_with(dir, &spec, &options).map_err(|e| Failure::Runtime(e.to_string()))
+}
+
+/// Says how the cluster is secured (or that it is not): `proxies` names the proxies'
+/// role, `workers_may` what the workers' certificate is used for. Ends with a blank line.
+pub(super) fn say_trust(cluster: &Cluster, proxies: &str, workers_may: &str) {
+    if cluster.trust.is_some() {
+        println!(
+            "  secure: signed fencing tokens (nodes sign with token.key, the proxy checks proofs with token.pub)"
+        );
+        println!(
+            "  secure: peer mutual TLS between nodes, and an https node API that requires client certificates"
+        );
+        println!("  secure: the proxy's admin API requires a bearer token (admin.token)");
+        println!(
+            "  secure: roles from the certificates' names: nodes node-N, {proxies}, the workers {WRITER_CERT_NAME} ({workers_may}), the demo's own node API calls {OPERATOR_CERT_NAME}; any other use of a node API route is refused with 403",
+        );
+    } else {
+        println!(
+            "  insecure (--insecure-demo): unsigned tokens, plaintext peers and node APIs, no admin token"
+        );
+    }
+    println!();
+}
+
+/// Says where every proxy listens and every node serves its API.
+pub(super) fn say_started(demo: &Demo) {
+    for (i, proxy) in demo.cluster.proxies().into_iter().enumerate() {
+        demo.say(
+            &demo.proxy_name(i),
+            &format!("listening on {} (admin {})", proxy.addr, proxy.admin),
+        );
+    }
+    for node in &demo.cluster.nodes {
+        demo.say(
+            &format!("node {}", node.id()),
+            &format!("started, API {}", node.spec.api),
+        );
+    }
+}
+
+/// Prints the summary (the ledger per token, the rejections, `story`'s lines) and the
+/// verdict on the ledger as the store applied it, which decides the result.
+pub(super) async fn conclude(demo: &Demo, story: &Story) -> Result<(), Failure> {
+    let ledger: Vec<Entry> = demo.ledger().await?;
     let verdict = verdict::check(&ledger, &demo.observed);
+    let old_token = demo.observed.old_token;
+    let new_token = demo
+        .observed
+        .new_token
+        .map_or_else(|| "?".to_owned(), |t| t.to_string());
     println!("\nSummary");
     println!("  writes in the ledger, per token (store's view):");
     print!(
@@ -211,8 +286,9 @@ pub(super) async fn run(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
         verdict::per_token_lines(&verdict.per_token, &demo.writers)
     );
     println!(
-        "  rejections: {} (the paused leader's stale write {})",
+        "  rejections: {} ({}'s stale write {})",
         demo.rejections.len(),
+        story.paused,
         if verdict.stale_write_rejected {
             "was rejected"
         } else {
@@ -222,23 +298,9 @@ pub(super) async fn run(args: &DemoArgs, dir: PathBuf) -> Result<(), Failure> {
     for r in &demo.rejections {
         println!("    {r}");
     }
-    if fleet {
-        println!(
-            "  fleet: the paused leader's write went through {}, the new leader's through {}{}",
-            demo.proxy_name(old_proxy),
-            demo.proxy_name(new_proxy),
-            if old_proxy == new_proxy {
-                " (the same proxy: more nodes than proxies)"
-            } else {
-                " (different proxies)"
-            }
-        );
+    for line in &story.lines {
+        println!("  {line}");
     }
-    println!(
-        "  failover: {:.2}s from SIGSTOP of node {leader} until token {new_token} was announced at the {}",
-        failover.as_secs_f64(),
-        if fleet { "proxies" } else { "proxy" }
-    );
     if verdict.holds() {
         println!(
             "  verdict: HOLDS. {} ledger entries in apply order: tokens never decrease, no write with token {old_token} landed after token {new_token}, every acknowledged write is stored, no rejected write is.",

@@ -1,12 +1,13 @@
 //! The demo's verdict: the ledger as the store applied it, against what the workers were
 //! told, through the history checker of `palisade-cluster` (the one the fault tests use),
-//! plus the demo's own requirement that the paused leader's stale write was seen rejected.
+//! plus the demo's own requirement that the paused writer's stale write (the leader's, or
+//! with `--sessions` the scope holder's) was seen rejected.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use palisade_cluster::history::{self, Applied, History, Outcome, Recorder, Report};
-use palisade_cluster::worker::{LEDGER_PREFIX, WORKER_SCOPE};
+use palisade_cluster::history::{self, Applied, History, Op, Outcome, Recorder, Report};
+use palisade_cluster::worker::LEDGER_PREFIX;
 
 /// One ledger entry as the store holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,17 +19,17 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// The entry as an applied write: writer and sequence number from the key
+    /// The entry as an applied write in `scope`: writer and sequence number from the key
     /// (`ledger/<writer>-<seq>`). A key of another shape keeps its whole text as the
     /// writer, so the checker reports it as a write no worker attempted.
-    fn applied(&self) -> Applied {
+    fn applied(&self, scope: &str) -> Applied {
         let name = self.key.strip_prefix(LEDGER_PREFIX).unwrap_or(&self.key);
         let (writer, seq) = name
             .rsplit_once('-')
             .and_then(|(w, s)| Some((w, s.parse().ok()?)))
             .unwrap_or((self.key.as_str(), 0));
         Applied {
-            scope: WORKER_SCOPE.to_owned(),
+            scope: scope.to_owned(),
             token: self.token,
             writer: writer.to_owned(),
             seq,
@@ -37,14 +38,32 @@ impl Entry {
 }
 
 /// What the demo observed around the pause.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Observed {
     /// Every write a worker attempted, with the outcome it reported.
     pub recorder: Recorder,
-    /// The paused leader's token.
+    /// The scope every worker writes in: the cluster's, or with `--sessions` the named
+    /// scope the sessions hold. The workers' events do not say it; the demo knows it.
+    pub scope: String,
+    /// Who was paused, as the verdict names it: `leader`, or `holder` with `--sessions`.
+    pub paused: &'static str,
+    /// The paused writer's token.
     pub old_token: u64,
-    /// The first token above it that an established leader claimed.
+    /// The first token above it that the next leader (or holder) was given.
     pub new_token: Option<u64>,
+}
+
+impl Observed {
+    /// Nothing observed yet, of workers writing in `scope`, one of which, `paused`, will be.
+    pub(crate) fn new(scope: &str, paused: &'static str) -> Self {
+        Self {
+            recorder: Recorder::default(),
+            scope: scope.to_owned(),
+            paused,
+            old_token: 0,
+            new_token: None,
+        }
+    }
 }
 
 /// The outcome of every check; the verdict holds when `violations` is empty.
@@ -68,7 +87,8 @@ impl Verdict {
 /// Checks the ledger in apply order with the history checker (tokens never decrease; no
 /// write with a lower token landed after a higher one; every acknowledged write is stored
 /// with its token; no rejected write is), then that the paused leader's stale write was
-/// attempted and rejected (what the demo shows).
+/// attempted and rejected (what the demo shows). Every write is judged in
+/// `observed.scope`.
 ///
 /// The store keeps one entry per key and each job writes its own key, so a write applied
 /// twice would not show here; the fault tests, on a recording upstream, see that too.
@@ -76,8 +96,16 @@ pub(crate) fn check(ledger: &[Entry], observed: &Observed) -> Verdict {
     let mut ledger = ledger.to_vec();
     ledger.sort_by_key(|e| e.revision);
     let history = History {
-        ops: observed.recorder.ops(),
-        applied: ledger.iter().map(Entry::applied).collect(),
+        ops: observed
+            .recorder
+            .ops()
+            .into_iter()
+            .map(|op| Op {
+                scope: observed.scope.clone(),
+                ..op
+            })
+            .collect(),
+        applied: ledger.iter().map(|e| e.applied(&observed.scope)).collect(),
     };
     let report = history::check(&history);
     let mut violations: Vec<String> = report.violations.iter().map(ToString::to_string).collect();
@@ -89,8 +117,8 @@ pub(crate) fn check(ledger: &[Entry], observed: &Observed) -> Verdict {
     });
     if !stale_write_rejected {
         violations.push(format!(
-            "no write with the paused leader's token {} was seen rejected",
-            observed.old_token
+            "no write with the paused {}'s token {} was seen rejected",
+            observed.paused, observed.old_token
         ));
     }
 
@@ -126,7 +154,7 @@ pub(crate) fn per_token_lines(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use palisade_cluster::history::Op;
+    use palisade_cluster::worker::WORKER_SCOPE;
 
     /// A ledger entry for writer `w`, job `seq`.
     fn entry(w: &str, seq: u64, token: u64, revision: u64) -> Entry {
@@ -157,6 +185,7 @@ mod tests {
             recorder,
             old_token: 2,
             new_token: Some(3),
+            ..Observed::new(WORKER_SCOPE, "leader")
         }
     }
 
@@ -261,18 +290,61 @@ mod tests {
         assert!(!v.holds());
     }
 
+    /// Goal: a `--sessions` run is judged in its named scope (the workers' events do not
+    /// name it), and a run without the stale rejection names the paused holder.
+    /// Method: a late stale write and no rejection, checked with scope `ledger`.
+    #[test]
+    fn a_sessions_run_is_judged_in_its_named_scope() {
+        let ledger = [
+            entry("w1", 1, 2, 1),
+            entry("w2", 1, 3, 2),
+            entry("w1", 2, 2, 3),
+        ];
+        let v = check(
+            &ledger,
+            &Observed {
+                scope: "ledger".to_owned(),
+                paused: "holder",
+                ..observed(&[
+                    op("w1", 1, 2, Outcome::Ok),
+                    op("w2", 1, 3, Outcome::Ok),
+                    op("w1", 2, 2, Outcome::Ok),
+                ])
+            },
+        );
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m.starts_with("lower token landed after a higher one in scope ledger")),
+            "{:?}",
+            v.violations
+        );
+        assert!(
+            !v.violations.iter().any(|m| m.contains("scope default")),
+            "{:?}",
+            v.violations
+        );
+        assert!(
+            v.violations
+                .iter()
+                .any(|m| m == "no write with the paused holder's token 2 was seen rejected"),
+            "{:?}",
+            v.violations
+        );
+    }
+
     /// Goal: ledger keys are read back into writer and job number.
     /// Method: parse one key.
     #[test]
     fn keys_name_their_writer_and_job() {
-        let a = entry("w12", 7, 4, 1).applied();
+        let a = entry("w12", 7, 4, 1).applied(WORKER_SCOPE);
         assert_eq!((a.writer.as_str(), a.seq, a.token), ("w12", 7, 4));
         let odd = Entry {
             key: "elsewhere".to_owned(),
             token: 1,
             revision: 1,
         }
-        .applied();
+        .applied(WORKER_SCOPE);
         assert_eq!((odd.writer.as_str(), odd.seq), ("elsewhere", 0));
     }
 }

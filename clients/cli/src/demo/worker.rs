@@ -17,7 +17,7 @@ use crate::client_trust::TlsFlags;
 
 /// How long one job works between reading its token and writing, by default: the window
 /// in which a GC pause makes a leader stale.
-const JOB_MS: u64 = 300;
+pub(super) const JOB_MS: u64 = 300;
 
 /// Run one demo worker (used by `palisade demo` and the fault tests).
 #[derive(Args)]
