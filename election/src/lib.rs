@@ -72,9 +72,11 @@
 //! - `token_source`: [`NodeHandleSource`], a `palisade_client::TokenSource` over an
 //!   in-process node's leadership watch.
 //!
-//! Beside the floors, only with the `fuzzing` feature:
-//! - `fuzzing`: handles on the peer frame checks, the loop's guard and the node API's
-//!   router for the fuzz targets in `tests/fuzz`.
+//! Beside the floors:
+//! - `deterministic`: the simulation's switch (`tests/sim`), per thread: raft-log writes
+//!   inline and a fixed election timeout.
+//! - `fuzzing` (only with the `fuzzing` feature): handles on the peer frame checks, the
+//!   loop's guard and the node API's router for the fuzz targets in `tests/fuzz`.
 //!
 //! The top floor:
 //! - `start`: [`Node::start`], the composition root: it prepares the secrets, the members
@@ -86,6 +88,7 @@ mod announce;
 mod api;
 mod audit;
 mod config;
+mod deterministic;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -117,6 +120,8 @@ pub use config::{
     PEER_QUEUE_MAX, PEERS_MAX, RAFT_INFLIGHT_MSGS_MAX, RAFT_MSG_BYTES_MAX, SCORE_ABS_MAX,
     TICK_MS_DEFAULT, TICK_MS_MAX, TICK_MS_MIN, parse_api, parse_peers, split_host_port,
 };
+#[doc(hidden)]
+pub use deterministic::set_deterministic;
 pub use leadership::{Leadership, ReleasedBy, TOKEN_PROOF_BYTES, TokenProof};
 pub use members::{
     MEMBER_CHANGE_TIMEOUT_MS, MEMBERS_MAX, MemberError, PROMOTE_LAG_ENTRIES_MAX, VOTERS_SAFE_MIN,

@@ -161,10 +161,14 @@ impl StartError {
     }
 }
 
-/// Runs `f` (storage work) on a blocking thread.
+/// Runs `f` (storage work) on a blocking thread; inline in deterministic mode (the
+/// simulation, `crate::deterministic`).
 async fn blocking_start<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StartError> + Send + 'static,
 ) -> Result<T, StartError> {
+    if crate::deterministic::is_on() {
+        return f();
+    }
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| StartError::Task(e.to_string()))?
@@ -307,13 +311,14 @@ async fn start(
             "the named-leaderships state does not decode: {e}"
         )))
     })?;
-    let (scopes_loop, scopes_shared) = node::ScopesLoop::new(machine);
+    let (mut scopes_loop, scopes_shared) = node::ScopesLoop::new(machine);
     let (fenced_tx, fenced_rx) = watch::channel(announce::Fenced::new());
     let scopes_api = api::ScopesApi {
         shared: scopes_shared.clone(),
         fenced: fenced_rx,
         signer: signer.clone(),
         available: !config.leases_on(),
+        forward_tls: announce_tls.clone(),
     };
     let announcer = Announcer {
         scope: config.scope.clone(),
@@ -400,6 +405,13 @@ async fn start(
         None => None,
     };
 
+    scopes_loop.own_api = api_addr.map(|bound| {
+        api_base_url(
+            bound,
+            config.peers.get(&id).map(String::as_str),
+            tls.is_some(),
+        )
+    });
     let has_key = signer.is_some();
     let main = node::spawn(
         &config,
@@ -578,4 +590,15 @@ async fn prepare(
         Ok(log.members())
     })
     .await
+}
+
+/// This node's API base URL as other nodes reach it: the bound address, or, when bound to
+/// every interface, the host of its own peer address with the API's port.
+fn api_base_url(bound: std::net::SocketAddr, own_peer: Option<&str>, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let host = match own_peer.and_then(crate::config::split_host_port) {
+        Some((host, _)) if bound.ip().is_unspecified() => host.to_owned(),
+        _ => return format!("{scheme}://{bound}"),
+    };
+    format!("{scheme}://{host}:{}", bound.port())
 }

@@ -53,6 +53,10 @@ pub(crate) struct Fencer {
     barrier_timeout: Duration,
     /// What the status page and the audit log are told (raises, barrier waits).
     activity: Arc<Activity>,
+    /// Commit raises on the caller's task instead of the blocking pool: only for the
+    /// deterministic simulation (`tests/sim`, through the `fuzzing` handles), whose redb
+    /// is in memory and whose one thread must not depend on when a pool thread finishes.
+    inline_commit: bool,
 }
 
 /// The fenced requests of one scope that are admitted or waiting, by token.
@@ -168,7 +172,15 @@ impl Fencer {
             inflight: DashMap::default(),
             barrier_timeout,
             activity: Arc::default(),
+            inline_commit: false,
         }
+    }
+
+    /// Commits raises inline (see `inline_commit`). For the simulation only.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn with_inline_commit(mut self) -> Self {
+        self.inline_commit = true;
+        self
     }
 
     /// Reports raises and barrier waits to `activity` (the status page, the audit log).
@@ -339,10 +351,14 @@ impl Fencer {
         let register = self.register.clone();
         let scope_owned = scope.to_owned();
         fail::fail_point!("proxy-before-fence-commit");
-        let advance = tokio::task::spawn_blocking(move || register.advance(&scope_owned, token))
-            .await
-            .map_err(|e| ProxyError::Storage(format!("fence advance task failed: {e}")))?
-            .map_err(advance_error)?;
+        let advance = if self.inline_commit {
+            register.advance(&scope_owned, token)
+        } else {
+            tokio::task::spawn_blocking(move || register.advance(&scope_owned, token))
+                .await
+                .map_err(|e| ProxyError::Storage(format!("fence advance task failed: {e}")))?
+        }
+        .map_err(advance_error)?;
         fail::fail_point!("proxy-after-fence-commit");
         match advance {
             Advance::Raised { previous } => {

@@ -107,8 +107,39 @@ where
     }
 }
 
+/// Longest plain-text rejection read back to become a problem's detail; axum's are one
+/// line (a longer one is cut there).
+const REJECTION_BYTES_MAX: usize = 1024;
+
+/// An answer of axum's own, a plain-text rejection of an extractor the handler did not
+/// wrap (a path segment whose percent-decoding is not UTF-8, for `Path<String>`), as the
+/// problem+json every control-plane answer is: the same status, its text as the detail.
+async fn rejection_as_problem(response: Response) -> Response {
+    let status = response.status();
+    let plain = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/plain"));
+    if !plain || !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let body = axum::body::to_bytes(response.into_body(), REJECTION_BYTES_MAX).await;
+    let detail = body.map_or_else(
+        |_| status.canonical_reason().unwrap_or("rejected").to_owned(),
+        |bytes| String::from_utf8_lossy(&bytes).into_owned(),
+    );
+    let kind = if status.is_client_error() {
+        kind::BAD_REQUEST
+    } else {
+        kind::UNAVAILABLE
+    };
+    ApiProblem(Problem::new(status, kind, detail)).into_response()
+}
+
 /// Finishes a control-plane router: problem+json for unknown paths (404, naming the
-/// API) and for methods a path does not take (405), and the request body limit.
+/// API), for methods a path does not take (405) and for axum's own rejections, and the
+/// request body limit.
 pub fn finish(router: Router, api: &'static str, body_bytes_max: usize) -> Router {
     router
         .fallback(move |request: Request| async move {
@@ -133,6 +164,7 @@ pub fn finish(router: Router, api: &'static str, body_bytes_max: usize) -> Route
                 ),
             ))
         })
+        .layer(axum::middleware::map_response(rejection_as_problem))
         .layer(DefaultBodyLimit::max(body_bytes_max))
 }
 
@@ -151,10 +183,16 @@ mod tests {
     }
 
     fn app() -> Router {
-        let router = Router::new().route("/v1/x", get(|| async { "ok" })).route(
-            "/v1/echo",
-            post(|ApiJson(body): ApiJson<Body>| async move { ApiJson(body) }),
-        );
+        let router = Router::new()
+            .route("/v1/x", get(|| async { "ok" }))
+            .route(
+                "/v1/echo",
+                post(|ApiJson(body): ApiJson<Body>| async move { ApiJson(body) }),
+            )
+            .route(
+                "/v1/items/{id}",
+                get(|axum::extract::Path(id): axum::extract::Path<String>| async move { id }),
+            );
         finish(router, "test API", 64)
     }
 
@@ -208,5 +246,26 @@ mod tests {
         assert!(b.contains("body-too-large"), "{b}");
         let (s, _, b) = call("POST", "/v1/echo", r#"{"token":5}"#).await;
         assert_eq!((s, b.as_str()), (StatusCode::OK, r#"{"token":5}"#));
+    }
+
+    /// Goal: a rejection axum makes itself, in plain text, is answered as problem+json
+    /// with its status and text (found by the `api_bodies` fuzz target: `DELETE
+    /// /v1/members/31%ce` on the node API was a plain-text 400); a plain-text success
+    /// is left alone. Method: a `Path<String>` route called with a segment whose
+    /// percent-decoding is not UTF-8, then with a good one.
+    #[tokio::test]
+    async fn axum_rejections_are_problems() {
+        let (s, k, b) = call("GET", "/v1/items/31%ce", "").await;
+        assert_eq!(
+            (s, k.as_str()),
+            (StatusCode::BAD_REQUEST, PROBLEM_JSON),
+            "{b}"
+        );
+        let problem: Problem = serde_json::from_str(&b).unwrap();
+        assert!(problem.type_uri.ends_with(kind::BAD_REQUEST), "{b}");
+        assert!(b.contains("UTF-8"), "{b}");
+        let (s, k, b) = call("GET", "/v1/items/31", "").await;
+        assert_eq!((s, b.as_str()), (StatusCode::OK, "31"));
+        assert!(k.starts_with("text/plain"), "{k}");
     }
 }

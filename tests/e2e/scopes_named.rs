@@ -688,7 +688,7 @@ async fn keepalives_sent_to_a_follower_reach_the_leader() {
         first.is_some(),
         "a keepalive through the follower was answered 200"
     );
-    let until = tokio::time::Instant::now() + Duration::from_millis(5_000);
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
     while tokio::time::Instant::now() < until {
         // Paced as a client does (the leader refuses keepalives closer than 100 ms).
         tokio::time::sleep(Duration::from_millis(600)).await;

@@ -10,6 +10,8 @@
 //!
 //! # Layout
 //! - `failpoints`: the failpoints the scenarios rely on fire in the binary under test.
+//! - `clock`: clocks fast and slow within the drift bound and beyond it, and wall-clock
+//!   steps, through libfaketime (ignored without it; `.ci/run` runs them).
 //! - `fault_paused_leader`: the headline: a leader paused before sending is fenced out.
 //! - `fault_partition`: a partitioned or slow leader is fenced out (test faults; network
 //!   namespaces and nft when run as root with `--ignored`).
@@ -27,6 +29,7 @@
 // Tests may unwrap: a failed step panics with its cause, which is what a test should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod clock;
 mod failpoints;
 mod fault_inflight_race;
 mod fault_node_restarts;

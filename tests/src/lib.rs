@@ -10,6 +10,8 @@
 //!   flight, per-prefix delays, and its apply log for the history checker.
 //! - `relay`: a TCP relay a test can cut, to cut a fleet proxy off from the cluster
 //!   without network namespaces.
+//! - `clock`: clock faults through libfaketime: processes whose clocks run at a rate,
+//!   or whose wall clock a test steps.
 //! - `netns`: real partitions: nodes in network namespaces, cut off with nft drop rules
 //!   (root only).
 //! - `scenario`: fault scenarios: a cluster with test faults, the recording upstream, a
@@ -28,6 +30,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::missing_panics_doc)]
 
 pub mod client;
+pub mod clock;
 pub mod fixtures;
 pub mod netns;
 pub mod peer_wire;

@@ -69,6 +69,48 @@ pub fn heartbeat(from: u64, to: u64, term: u64, commit: u64) -> Vec<u8> {
     raft_frame(MessageType::MsgHeartbeat, from, to, term, commit)
 }
 
+/// Depth of the nested-group frames below: RUSTSEC-2024-0437's kind of input (a
+/// recursive decoder overflows its stack on it), two bytes a level, well under the
+/// node's largest frame (`FRAME_BYTES_MAX`, 4 MiB).
+pub const NESTED_GROUPS: usize = 500_000;
+
+/// `depth` start-group tags of the unknown field 100 (`(100 << 3) | 3` = 803, varint
+/// `a3 06`), each group left open.
+pub fn nested_groups(depth: usize) -> Vec<u8> {
+    std::iter::repeat_n([0xa3_u8, 0x06], depth)
+        .flatten()
+        .collect()
+}
+
+/// A heartbeat frame from `from` to `to` at `term` whose raft payload (decoded by
+/// protobuf 2) ends in [`NESTED_GROUPS`] nested groups.
+pub fn nested_payload_frame(from: u64, to: u64, term: u64) -> Vec<u8> {
+    let mut msg = Message::default();
+    msg.set_msg_type(MessageType::MsgHeartbeat);
+    msg.from = from;
+    msg.to = to;
+    msg.term = term;
+    let mut payload = msg.write_to_bytes().unwrap();
+    payload.extend(nested_groups(NESTED_GROUPS));
+    frame(
+        &PeerFrame {
+            from,
+            to,
+            payload,
+            score: None,
+        }
+        .encode_to_vec(),
+    )
+}
+
+/// A heartbeat frame whose envelope (`PeerFrame`, decoded by prost) ends in
+/// [`NESTED_GROUPS`] nested groups.
+pub fn nested_envelope_frame(from: u64, to: u64, term: u64) -> Vec<u8> {
+    let mut body = heartbeat(from, to, term, 0).split_off(4);
+    body.extend(nested_groups(NESTED_GROUPS));
+    frame(&body)
+}
+
 /// How a hostile exchange ended.
 #[derive(Debug)]
 pub enum Outcome {

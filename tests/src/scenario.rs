@@ -55,6 +55,11 @@ pub struct ScenarioSpec {
     /// many proxies as nodes an old leader's write and a new leader's go through
     /// different proxies.
     pub fleet: Option<Fleet>,
+    /// Per node id, a command that runs its binary (`env LD_PRELOAD=... FAKETIME=...`:
+    /// a node on a faked clock, see [`crate::clock`]); absent: run directly. Not with
+    /// network namespaces, whose prefix is `ip netns exec`. (A fleet's proxies take
+    /// theirs from [`Fleet::proxy_hosts`].)
+    pub node_prefixes: BTreeMap<u64, Vec<String>>,
 }
 
 impl ScenarioSpec {
@@ -77,6 +82,7 @@ impl Default for ScenarioSpec {
             stop_workers: false,
             proxy_flags: Vec::new(),
             fleet: None,
+            node_prefixes: BTreeMap::new(),
         }
     }
 }
@@ -178,6 +184,18 @@ impl Scenario {
             fleet: spec.fleet.clone(),
             ..ClusterOptions::default()
         };
+        if !spec.node_prefixes.is_empty() {
+            assert!(
+                net.is_none(),
+                "node prefixes and network namespaces do not mix"
+            );
+            options.node_hosts = (1..=spec.nodes as u64)
+                .map(|id| palisade_cluster::NodeHost {
+                    ip: std::net::Ipv4Addr::LOCALHOST.into(),
+                    prefix: spec.node_prefixes.get(&id).cloned().unwrap_or_default(),
+                })
+                .collect();
+        }
         if let Some(net) = &net {
             let hosts = net.node_hosts();
             options.node_hosts.clone_from(&hosts);

@@ -148,7 +148,8 @@ pub(crate) async fn serve(listener: TcpListener, state: ApiState, tls: Option<Tl
 /// methods keep their 404 and 405); with `state.roles_enforced` off, every route is open.
 pub(crate) fn app(state: ApiState) -> Router {
     use roles::{
-        ANY_ROLE, LEADER_READERS, LEASE_HOLDERS, MEMBER_NODES, OPERATORS, SESSION_HOLDERS, only,
+        ANY_ROLE, KEEPALIVE_SENDERS, LEADER_READERS, LEASE_HOLDERS, MEMBER_NODES, OPERATORS,
+        SESSION_HOLDERS, only,
     };
     let faults_enabled = state.faults.is_some();
     let state = Arc::new(state);
@@ -185,7 +186,7 @@ pub(crate) fn app(state: ApiState) -> Router {
         )
         .route(
             KEEPALIVE_PATH,
-            only(s, SESSION_HOLDERS, post(sessions::keepalive)),
+            only(s, KEEPALIVE_SENDERS, post(sessions::keepalive)),
         )
         .route(SCOPES_PATH, only(s, LEADER_READERS, get(scopes::list)))
         .route(SCOPE_PATH, only(s, LEADER_READERS, get(scopes::read)))

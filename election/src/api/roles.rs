@@ -7,7 +7,8 @@
 //! | route | admits |
 //! |---|---|
 //! | `GET /v1/leader` (long polls too), `GET /v1/scopes`, `GET /v1/scopes/{scope}` | writer, operator, node |
-//! | `/v1/sessions` (open, list, keepalive, revoke), `POST /v1/scopes/{scope}/campaign` and `/resign` | writer, operator (a session opened with a certificate only by that name) |
+//! | `/v1/sessions` (open, list, revoke), `POST /v1/scopes/{scope}/campaign` and `/resign` | writer, operator (a session opened with a certificate only by that name) |
+//! | `POST /v1/sessions/{id}/keepalive` | writer, operator (the session's owner), node (a follower forwarding its client's keepalive, owner checked there) |
 //! | `POST /v1/lease` | proxy (its own announce entry only, see `lease`), operator |
 //! | `GET /v1/members` | operator, node |
 //! | `POST /v1/members` | operator; a node adding itself |
@@ -57,6 +58,8 @@ pub(super) const OPERATORS: &[CredentialRole] = &[Operator];
 /// Sessions, campaigns and resignations: whoever holds named scopes (writers), and
 /// operators.
 pub(super) const SESSION_HOLDERS: &[CredentialRole] = &[Writer, Operator];
+/// Keepalives: session holders, and nodes forwarding their clients' keepalives.
+pub(super) const KEEPALIVE_SENDERS: &[CredentialRole] = &[Writer, Operator, Node];
 /// `GET /metrics`: any role.
 pub(super) const ANY_ROLE: &[CredentialRole] = &CredentialRole::ALL;
 

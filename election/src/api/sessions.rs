@@ -14,13 +14,13 @@ use std::sync::{Arc, PoisonError};
 
 use axum::extract::{Path, State};
 use http::StatusCode;
-use palisade_protocol::Problem;
 use palisade_protocol::lease::NOT_LEADER;
 use palisade_protocol::problem::kind;
 use palisade_protocol::scopes::{
     SESSION_TTL_MS_MAX, SESSION_TTL_MS_MIN, SessionEntry, SessionList, SessionRequest,
     SessionRevoked, SessionView, ttl_in_bounds,
 };
+use palisade_protocol::{CredentialRole, Problem};
 use palisade_server::roles::Caller;
 use palisade_server::{ApiJson, ApiProblem};
 use tokio::sync::watch;
@@ -44,7 +44,13 @@ pub(crate) struct ScopesApi {
     pub signer: Option<Arc<TokenSigner>>,
     /// False with fleet leases: named scopes are refused with 501.
     pub available: bool,
+    /// How this node speaks to the leader's API when it forwards a keepalive (its own
+    /// certificate with mTLS, as for announcements).
+    pub forward_tls: palisade_client::ClientTls,
 }
+
+/// Time a follower waits for the leader's answer to a keepalive it forwarded.
+pub const KEEPALIVE_FORWARD_TIMEOUT_MS: u64 = 2_000;
 
 impl ApiState {
     /// The named-leaderships state, or 501 where this cluster cannot grant named scopes.
@@ -214,17 +220,30 @@ pub(super) async fn open(
     }
 }
 
-/// `POST /v1/sessions/{id}/keepalive`.
+/// `POST /v1/sessions/{id}/keepalive`. On a follower it is forwarded to the leader (see
+/// [`forward_keepalive`]). A node credential (a forwarding follower) may keep any session
+/// alive: the follower checked the session's owner against its own caller.
 pub(super) async fn keepalive(
     State(state): State<Shared>,
     Path(id): Path<String>,
     caller: Caller,
 ) -> Result<ApiJson<SessionView>, ApiProblem> {
     let api = state.scopes_api()?;
-    state.require_leader()?;
+    if state.leadership.borrow().established.is_none() {
+        return forward_keepalive(&state, api, &id, &caller).await;
+    }
+    let forwarded = state.roles_enforced && caller.has_any(&[CredentialRole::Node]);
     let record = {
         let machine = api.shared.machine.borrow();
-        state.owned_session(&machine, &id, &caller)?
+        if forwarded {
+            machine
+                .sessions
+                .get(&id)
+                .cloned()
+                .ok_or_else(|| state.unknown_session(&id))?
+        } else {
+            state.owned_session(&machine, &id, &caller)?
+        }
     };
     let now = tokio::time::Instant::now();
     // A quorum must confirm this node still leads, after the keepalive arrived, before
@@ -267,6 +286,60 @@ pub(super) async fn keepalive(
                 crate::scopes::limits::KEEPALIVE_INTERVAL_MS_MIN
             ),
         ))),
+    }
+}
+
+/// A follower's keepalive: checked here (the session as this node applied it, and its
+/// owner against the caller), then sent to the leader this node follows, at the URL the
+/// leader recorded when it took office, and its answer passed back. Only the leader says
+/// 404: a session this follower has not applied yet, a leader of another term, or a
+/// leader that cannot be reached are 503 `not-leader` (the client then asks the leader).
+/// The client counts its trust from when it sent the keepalive, before this hop, so the
+/// extra hop never lengthens it.
+async fn forward_keepalive(
+    state: &ApiState,
+    api: &ScopesApi,
+    id: &str,
+    caller: &Caller,
+) -> Result<ApiJson<SessionView>, ApiProblem> {
+    let not_leader = || state.call_problem(&ScopeCallError::NotLeader { leader_id: None });
+    let (leader_id, term) = {
+        let l = state.leadership.borrow();
+        (l.leader_id, l.term)
+    };
+    let url = {
+        let machine = api.shared.machine.borrow();
+        if !machine.sessions.contains_key(id) {
+            return Err(not_leader());
+        }
+        state.owned_session(&machine, id, caller)?;
+        match &machine.leader_api {
+            Some(l)
+                if Some(l.node_id) == leader_id && l.term == term && l.node_id != state.node_id =>
+            {
+                l.url.clone()
+            }
+            _ => return Err(not_leader()),
+        }
+    };
+    let timeout = std::time::Duration::from_millis(KEEPALIVE_FORWARD_TIMEOUT_MS);
+    let leader = palisade_client::NodeApi::with_tls(&url, &api.forward_tls)
+        .map_err(|_| not_leader())?
+        .timeout(timeout);
+    match leader.keepalive(id).await {
+        Ok(view) => Ok(ApiJson(view)),
+        Err(err) if err.status() == Some(StatusCode::NOT_FOUND) => Err(state.unknown_session(id)),
+        Err(err) if err.status() == Some(StatusCode::TOO_MANY_REQUESTS) => {
+            Err(state.problem(Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                kind::KEEPALIVE_TOO_FAST,
+                format!("the leader refused the keepalive: {err}"),
+            )))
+        }
+        Err(err) => {
+            tracing::debug!(node_id = state.node_id, url, cause = %err, "keepalive not forwarded");
+            Err(not_leader())
+        }
     }
 }
 

@@ -79,10 +79,16 @@ impl NodeConfig {
             path: path.to_owned(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigFileError::Parse {
+        Self::from_toml_str(&text).map_err(|source| ConfigFileError::Parse {
             path: path.to_owned(),
             source,
         })
+    }
+
+    /// Parses the text of a TOML file of node settings, as [`from_file`](Self::from_file)
+    /// does. Not validated.
+    pub fn from_toml_str(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
     }
 }
 

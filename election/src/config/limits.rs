@@ -70,8 +70,10 @@ pub const AUDIT_LOG_BYTES_MIN: u64 = 1024;
 
 /// Largest frame accepted or sent on a peer connection, in bytes. raft messages here are
 /// small (an election cluster replicates one empty entry per term); the bound stops a
-/// hostile or broken peer from making us allocate without limit and keeps protobuf 2's
-/// recursive decoder (RUSTSEC-2024-0437) away from large inputs.
+/// hostile or broken peer from making us allocate without limit. It does not bound the
+/// nesting of a frame enough to matter (two bytes a protobuf group: about 2.1 million
+/// levels); what keeps RUSTSEC-2024-0437 away is protobuf 2.28 skipping unknown groups
+/// without recursion (docs/security.md, "Known advisories").
 pub const FRAME_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// raft's `max_size_per_msg`: the entry bytes of one append, well under [`FRAME_BYTES_MAX`].
 pub const RAFT_MSG_BYTES_MAX: u64 = 1024 * 1024;

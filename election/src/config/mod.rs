@@ -268,6 +268,12 @@ impl NodeConfig {
                     usize::try_from(self.election_ticks).unwrap_or(usize::MAX),
                     self.peers.len(),
                 ),
+                // In deterministic mode (the simulation, `crate::deterministic`) the
+                // timeout is exactly `election_ticks`: raft-rs draws it from an unseeded
+                // thread RNG, which no seed could replay.
+                None if crate::deterministic::is_on() => {
+                    usize::try_from(self.election_ticks).unwrap_or(usize::MAX - 1) + 1
+                }
                 None => 0,
             },
             ..raft::Config::default()

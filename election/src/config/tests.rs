@@ -463,3 +463,25 @@ fn announce_entries_are_checked_by_the_one_rule() {
     c.announce = vec!["x".into(); ANNOUNCE_URLS_MAX + 1];
     assert!(c.validate().unwrap_err().message.contains("limit"));
 }
+
+/// Goal: a cluster names at most `PEERS_MAX` nodes: the bound on the keys of raft-rs's
+/// progress and vote maps, which hash with the unmaintained fxhash (RUSTSEC-2025-0057;
+/// docs/security.md, "Known advisories"), so no input can grow them. Method: a peer
+/// list of exactly `PEERS_MAX` passes; one more is refused, naming the limit.
+#[test]
+fn a_peer_list_over_the_limit_is_refused_naming_it() {
+    let max = u64::try_from(PEERS_MAX).unwrap();
+    let mut cfg = valid();
+    cfg.peers = (1..=max)
+        .map(|id| (id, format!("127.0.0.1:{}", 7000 + id)))
+        .collect();
+    cfg.validate().unwrap();
+    cfg.peers.insert(max + 1, "127.0.0.1:7999".to_owned());
+    let err = cfg.validate().unwrap_err();
+    assert_eq!(err.field, "peers");
+    assert!(
+        err.message.contains(&format!("the limit is {PEERS_MAX}")),
+        "{}",
+        err.message
+    );
+}

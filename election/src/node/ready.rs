@@ -490,10 +490,14 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-/// Runs a raft-log write on the blocking pool.
+/// Runs a raft-log write on the blocking pool; inline in deterministic mode (the
+/// simulation, `crate::deterministic`).
 pub(super) async fn blocking(
     f: impl FnOnce() -> Result<(), RaftLogError> + Send + 'static,
 ) -> Result<(), NodeError> {
+    if crate::deterministic::is_on() {
+        return f().map_err(|e| NodeError::Storage(e.to_string()));
+    }
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| NodeError::Task(e.to_string()))?

@@ -54,6 +54,9 @@ pub(crate) struct ScopesLoop {
     /// Outcomes applied in this batch, answered once the machine is stored and published
     /// (an API call answered earlier could read the machine without its own change).
     pub(super) answers: Vec<(ScopeReply, Outcome)>,
+    /// This node's API base URL, recorded in the machine each time it takes office, so
+    /// that followers can forward keepalives to it; `None` without an API.
+    pub(crate) own_api: Option<String>,
 }
 
 impl ScopesLoop {
@@ -72,6 +75,7 @@ impl ScopesLoop {
             pending: HashMap::new(),
             dirty: false,
             answers: Vec::new(),
+            own_api: None,
         };
         (this, shared)
     }
@@ -191,11 +195,24 @@ impl ElectionLoop {
             self.fail_scope_requests(&ScopeCallError::Lost);
             return;
         };
-        let due = {
+        let (new_term, due) = {
             let mut lessor = self.scopes.lessor();
-            lessor.lead(term, &self.scopes.machine, now);
-            lessor.due(now)
+            let new_term = lessor.lead(term, &self.scopes.machine, now);
+            (new_term, lessor.due(now))
         };
+        if let (true, Some(url)) = (new_term, self.scopes.own_api.clone()) {
+            let entry = ScopeEntry {
+                req: 0,
+                op: Op::LeaderApi {
+                    node_id: self.id,
+                    term,
+                    url,
+                },
+            };
+            if let Err(err) = self.raw_node.propose(Vec::new(), entry.encode()) {
+                warn!(node_id = self.id, cause = %err, "leader API URL not proposed; followers will not forward keepalives");
+            }
+        }
         for session in due {
             info!(node_id = self.id, term, session = %session, "session expired; proposing its end");
             let entry = ScopeEntry {

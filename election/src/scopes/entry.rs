@@ -34,6 +34,13 @@ pub(crate) enum Op {
         scope: String,
         above: u64,
     },
+    /// The leader of `term` (node `node_id`) serves its API at `url`: where followers
+    /// forward the keepalives they receive.
+    LeaderApi {
+        node_id: u64,
+        term: u64,
+        url: String,
+    },
 }
 
 /// A proposed entry: the operation and the number of the request waiting for it.
@@ -95,6 +102,8 @@ pub(crate) enum Outcome {
     Resigned { released: bool },
     /// A raise found the scope held by another session (or nobody): nothing changed.
     NotRaised,
+    /// The leader's API URL is recorded.
+    Noted,
     /// Nothing changed, for this reason.
     Refused(Refusal),
 }

@@ -54,9 +54,10 @@ impl Lessor {
     /// This node leads in `term` (established): on a new term, every session of `machine`
     /// gets a full TTL from `now`. Called on every tick while leading; cheap when the term
     /// is the same.
-    pub(crate) fn lead(&mut self, term: u64, machine: &Machine, now: Instant) {
+    /// True when `term` is new to it.
+    pub(crate) fn lead(&mut self, term: u64, machine: &Machine, now: Instant) -> bool {
         if self.term == Some(term) {
-            return;
+            return false;
         }
         self.term = Some(term);
         self.lifetimes = machine
@@ -64,6 +65,7 @@ impl Lessor {
             .iter()
             .map(|(id, s)| (id.clone(), fresh(now, s.ttl_ms)))
             .collect();
+        true
     }
 
     /// This node does not lead: forget every deadline.

@@ -71,6 +71,21 @@ pub(crate) struct Machine {
     pub sessions: BTreeMap<String, SessionRecord>,
     /// Scopes by name.
     pub scopes: BTreeMap<String, ScopeRecord>,
+    /// The latest leader's API, as it announced itself (followers forward keepalives
+    /// there while that leader leads).
+    #[serde(default)]
+    pub leader_api: Option<LeaderApi>,
+}
+
+/// Where a leader serves its API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LeaderApi {
+    /// The leader's raft id.
+    pub node_id: u64,
+    /// The term it leads in.
+    pub term: u64,
+    /// Its API's base URL.
+    pub url: String,
 }
 
 impl Machine {
@@ -116,6 +131,16 @@ impl Machine {
                 scope,
                 above,
             } => self.raise(session, scope, *above),
+            Op::LeaderApi { node_id, term, url } => {
+                if self.leader_api.as_ref().is_none_or(|l| l.term <= *term) {
+                    self.leader_api = Some(LeaderApi {
+                        node_id: *node_id,
+                        term: *term,
+                        url: url.clone(),
+                    });
+                }
+                Outcome::Noted
+            }
         })
     }
 

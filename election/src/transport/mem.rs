@@ -13,6 +13,22 @@ use raft::eraftpb::Message;
 
 use super::{Delivery, Inbound, PeerInbox, ScoreFrame, Transport};
 
+/// What a fault hook ([`MemNetwork::set_fault_hook`]) decides for one raft message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Delivered now, as without a hook.
+    Deliver,
+    /// Lost on the wire: the sender is told it was queued, the receiver never sees it.
+    Lose,
+    /// Delivered after this much (tokio) time, unless the receiver is gone by then.
+    Delay(std::time::Duration),
+}
+
+/// Decides the fate of each raft message from `from` to `to` on a link that is up; called
+/// outside the network's lock, in send order. The simulation (`tests/sim`) draws it from
+/// its seed.
+pub type FaultHook = Arc<dyn Fn(u64, u64) -> Fate + Send + Sync>;
+
 #[derive(Default)]
 struct Net {
     /// Attached nodes by id.
@@ -21,6 +37,8 @@ struct Net {
     cut: BTreeSet<(u64, u64)>,
     /// Messages delivered, by directed link; lets tests show traffic did (not) flow.
     delivered: BTreeMap<(u64, u64), u64>,
+    /// Loss and delay per message, when set.
+    hook: Option<FaultHook>,
 }
 
 /// A shared in-memory network. Cheap to clone; clones are the same network.
@@ -89,6 +107,12 @@ impl MemNetwork {
         self.lock().cut.clear();
     }
 
+    /// Sets the hook that decides, per raft message, whether it is delivered, lost or
+    /// delayed (a delayed message is delivered by a task of its own, on tokio's clock).
+    pub fn set_fault_hook(&self, hook: FaultHook) {
+        self.lock().hook = Some(hook);
+    }
+
     /// How many messages went over the directed link `from -> to` so far.
     pub fn delivered(&self, from: u64, to: u64) -> u64 {
         self.lock().delivered.get(&(from, to)).copied().unwrap_or(0)
@@ -124,6 +148,18 @@ impl Transport for MemTransport {
         let Some(msg) = checked else {
             return Delivery::Unreachable;
         };
+        let hook = self.net.lock().hook.clone();
+        match hook.map_or(Fate::Deliver, |hook| hook(self.id, to)) {
+            Fate::Deliver => {}
+            Fate::Lose => return Delivery::Queued,
+            Fate::Delay(after) => {
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    inbox.try_deliver(Inbound::Raft(Box::new(msg)));
+                });
+                return Delivery::Queued;
+            }
+        }
         if inbox.try_deliver(Inbound::Raft(Box::new(msg))) {
             *self.net.lock().delivered.entry((self.id, to)).or_default() += 1;
             Delivery::Queued

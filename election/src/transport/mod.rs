@@ -275,10 +275,28 @@ pub enum InboundError {
     /// A malformed score frame.
     #[error("bad score frame: {0}")]
     Score(String),
+    /// A message without a term, other than a forwarded proposal. Raft sends every other
+    /// message with the sender's term, which is at least 1 once any election happened
+    /// (an honest one without it is at most a fresh node's pre-vote rejection, which raft
+    /// does without). raft-rs reads a message without a term as local and skips its term
+    /// checks: answering such a vote request it panics (`term should be set when sending
+    /// MsgRequestVoteResponse`), and a candidate takes such an append or heartbeat as
+    /// from a leader of term 0 and moves its own term back to 0.
+    #[error("{0:?} carries no term")]
+    NoTerm(MessageType),
+    /// An append carrying an entry without a term. Only the log's placeholder before its
+    /// first entry has term 0; raft-rs reads term 0 at an index beyond its log as a match,
+    /// so such an entry makes it slice its unstable log out of bounds and panic.
+    #[error("append carries entry {index} without a term")]
+    EntryWithoutTerm {
+        /// The entry's index.
+        index: u64,
+    },
 }
 
 /// Decodes a raft message received from `peer` and checks it before it may reach `step`:
-/// a known, non-local message type, addressed to `me`, sent by `peer`.
+/// a known, non-local message type, addressed to `me`, sent by `peer`, a term on every
+/// message but a forwarded proposal, and a term on every entry of an append.
 pub(crate) fn check_inbound(payload: &[u8], peer: u64, me: u64) -> Result<Message, InboundError> {
     // `merge_from_bytes` into a default message: with the protobuf codec an unknown enum
     // value is a decode error (never a panic later in `get_msg_type`).
@@ -296,6 +314,15 @@ pub(crate) fn check_inbound(payload: &[u8], peer: u64, me: u64) -> Result<Messag
             claimed: msg.from,
             peer,
         });
+    }
+    let kind = msg.get_msg_type();
+    if msg.term == 0 && kind != MessageType::MsgPropose {
+        return Err(InboundError::NoTerm(kind));
+    }
+    if kind == MessageType::MsgAppend
+        && let Some(entry) = msg.get_entries().iter().find(|e| e.term == 0)
+    {
+        return Err(InboundError::EntryWithoutTerm { index: entry.index });
     }
     Ok(msg)
 }
@@ -362,6 +389,125 @@ mod tests {
         assert!(matches!(
             check_inbound(&[], 2, 1),
             Err(InboundError::LocalType(MessageType::MsgHup))
+        ));
+    }
+
+    /// A fresh `RawNode`, node 1 of voters 1, 2, 3, with raft's default settings.
+    fn fresh_node() -> raft::RawNode<raft::storage::MemStorage> {
+        let storage = raft::storage::MemStorage::new_with_conf_state(
+            raft::eraftpb::ConfState::from((vec![1, 2, 3], vec![])),
+        );
+        let config = raft::Config {
+            id: 1,
+            ..raft::Config::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        raft::RawNode::new(&config, storage, &logger).unwrap()
+    }
+
+    /// Goal: a message without a term never reaches raft, which reads it as local (found
+    /// by the `peer_frame` fuzz target: a vote request at term 0 makes raft panic as it
+    /// answers, and an append at term 0 to a candidate sets the candidate's term back to
+    /// 0); a forwarded proposal, which raft sends without a term, passes, and so do the
+    /// same messages with a term. Method: check each at term 0, then at term 1 and step it
+    /// into a fresh `RawNode` (a campaigning one for the append).
+    #[test]
+    fn messages_without_a_term_are_refused() {
+        for kind in [
+            MessageType::MsgRequestVote,
+            MessageType::MsgRequestPreVote,
+            MessageType::MsgAppend,
+            MessageType::MsgHeartbeat,
+        ] {
+            let mut m = heartbeat(2, 1);
+            m.set_msg_type(kind);
+            m.term = 0;
+            assert_eq!(
+                check_inbound(&encode_raft(&m).unwrap(), 2, 1),
+                Err(InboundError::NoTerm(kind))
+            );
+            m.term = 1;
+            let checked = check_inbound(&encode_raft(&m).unwrap(), 2, 1).unwrap();
+            let mut node = fresh_node();
+            if kind == MessageType::MsgAppend {
+                node.campaign().unwrap();
+            }
+            node.step(checked).unwrap();
+            // A pre-vote does not move the term; every other message leaves it at 1.
+            if kind != MessageType::MsgRequestPreVote {
+                assert_eq!(node.raft.term, 1, "{kind:?}");
+            }
+        }
+        let mut proposal = heartbeat(2, 1);
+        proposal.set_msg_type(MessageType::MsgPropose);
+        proposal.term = 0;
+        assert!(check_inbound(&encode_raft(&proposal).unwrap(), 2, 1).is_ok());
+    }
+
+    /// Goal: an append with an entry of term 0 never reaches raft, which reads term 0
+    /// beyond its log as a match and panics slicing its unstable log (found by the
+    /// `peer_frame` fuzz target: entries 1 at term 0 and 2 at term 2, to a fresh node);
+    /// the same append with terms passes and raft takes it. Method: check the fuzzer's
+    /// append, then the corrected one, stepped into a fresh `RawNode`.
+    #[test]
+    fn append_entries_without_a_term_are_refused() {
+        let entry = |term, index| raft::eraftpb::Entry {
+            term,
+            index,
+            data: b"a".to_vec().into(),
+            ..Default::default()
+        };
+        let mut append = heartbeat(2, 1);
+        append.set_msg_type(MessageType::MsgAppend);
+        append.term = 2;
+        append.set_entries(vec![entry(0, 1), entry(2, 2)].into());
+        assert_eq!(
+            check_inbound(&encode_raft(&append).unwrap(), 2, 1),
+            Err(InboundError::EntryWithoutTerm { index: 1 })
+        );
+        append.set_entries(vec![entry(1, 1), entry(2, 2)].into());
+        let checked = check_inbound(&encode_raft(&append).unwrap(), 2, 1).unwrap();
+        let mut node = fresh_node();
+        node.step(checked).unwrap();
+        assert_eq!(node.raft.raft_log.last_index(), 2);
+    }
+
+    /// A heartbeat from 2 to 1 followed by `depth` start-group tags of the unknown field
+    /// 100 (two bytes each: `(100 << 3) | 3` = 803, varint `a3 06`), without end tags.
+    fn nested_groups(depth: usize) -> Vec<u8> {
+        let mut bytes = encode_raft(&heartbeat(2, 1)).unwrap();
+        bytes.extend(std::iter::repeat_n([0xa3_u8, 0x06], depth).flatten());
+        bytes
+    }
+
+    /// Goal: RUSTSEC-2024-0437 (a stack overflow on deeply nested groups in unknown
+    /// fields) cannot be reached through this decoder: protobuf 2.28 skips an unknown
+    /// group in a loop and refuses a group inside it ("unexpected wire type"), so a
+    /// payload nested 500,000 deep, and one as deep as the largest peer frame holds
+    /// (about 2.1 million), are decode errors on a 128 KiB stack. Method: decode each on a
+    /// thread with a 128 KiB stack; a decoder that recursed per level, at even 16 bytes a
+    /// level, would need 8 MB for the first.
+    #[test]
+    fn deeply_nested_groups_are_refused_without_recursion() {
+        for depth in [500_000, (FRAME_BYTES_MAX - 64) / 2] {
+            let payload = nested_groups(depth);
+            let decoded = std::thread::Builder::new()
+                .stack_size(128 * 1024)
+                .spawn(move || check_inbound(&payload, 2, 1))
+                .unwrap()
+                .join()
+                .expect("decoding on a 128 KiB stack");
+            assert!(
+                matches!(&decoded, Err(InboundError::Decode(e)) if e.contains("unexpected wire type")),
+                "depth {depth}: {decoded:?}"
+            );
+        }
+        // The same groups closed again, each with its end tag (`a4 06`), fail the same way.
+        let mut closed = nested_groups(500_000);
+        closed.extend(std::iter::repeat_n([0xa4_u8, 0x06], 500_000).flatten());
+        assert!(matches!(
+            check_inbound(&closed, 2, 1),
+            Err(InboundError::Decode(_))
         ));
     }
 }

@@ -50,7 +50,8 @@ use crate::tls::NodeTlsMaterial;
 
 mod reader;
 mod registry;
-mod wire;
+// Visible to the crate for the fuzz targets' entry points (`crate::fuzzing`).
+pub(crate) mod wire;
 mod writer;
 
 /// One peer's writer: its queue and whether it is connected now.

@@ -260,10 +260,16 @@ impl ProxyConfig {
             path: path.to_owned(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        Self::from_toml_str(&text).map_err(|source| ConfigError::Parse {
             path: path.to_owned(),
             source,
         })
+    }
+
+    /// Parses the text of a TOML file, as [`from_file`](Self::from_file) does. Not
+    /// validated.
+    pub fn from_toml_str(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
     }
 
     /// The name this proxy gives itself in lease renewals: `fleet_name`, or its admin URL

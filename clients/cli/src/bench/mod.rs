@@ -1,5 +1,6 @@
 //! `palisade bench`: a closed-loop HTTP/1.1 load generator for the proxy (or any HTTP
-//! server), and `palisade bench failover`, which times the failover of a local cluster.
+//! server); `palisade bench failover`, which times the failover of a local cluster; and
+//! `palisade bench scopes`, which measures named leaderships against Palisade or etcd.
 //!
 //! Each of `--connections` workers owns one connection (`hyper::client::conn`), so the
 //! connection count is exact, and sends its next request when the previous answer has
@@ -26,12 +27,14 @@
 //! - `report`: per-worker tallies, the latency histogram, and the printed report.
 //! - `cpu`: the CPU time of `--pid` processes over the measured window.
 //! - `failover`: `palisade bench failover`.
+//! - `scopes`: `palisade bench scopes`.
 
 mod args;
 mod cpu;
 mod failover;
 mod load;
 mod report;
+mod scopes;
 
 use clap::{Args, Subcommand};
 
@@ -53,12 +56,17 @@ enum Scenario {
     /// Time failovers of a local cluster: pause the leader with SIGSTOP, wait for a new
     /// leader and for its token at the proxy, resume, repeat.
     Failover(failover::FailoverArgs),
+    /// Measure named leaderships (handover latency with contenders waiting, the server
+    /// CPU of kept-alive sessions, grants per second) against a Palisade or an etcd
+    /// cluster, through the same client.
+    Scopes(scopes::ScopesArgs),
 }
 
 /// Runs `palisade bench`.
 pub(crate) async fn run(args: BenchArgs) -> Result<(), Failure> {
     match args.scenario {
         Some(Scenario::Failover(a)) => failover::run(a).await,
+        Some(Scenario::Scopes(a)) => scopes::run(a).await,
         None => load::run_load(args.load).await,
     }
 }

@@ -94,8 +94,20 @@ async fn call(
 }
 
 /// Every route of the API with a body it takes.
-const ROUTES: [(&str, &str, &str); 14] = [
+const ROUTES: [(&str, &str, &str); 22] = [
     ("GET", "/v1/leader", ""),
+    ("POST", "/v1/sessions", r#"{"ttl_ms":5000}"#),
+    ("GET", "/v1/sessions", ""),
+    ("DELETE", "/v1/sessions/abc", ""),
+    ("POST", "/v1/sessions/abc/keepalive", ""),
+    ("GET", "/v1/scopes", ""),
+    ("GET", "/v1/scopes/billing", ""),
+    (
+        "POST",
+        "/v1/scopes/billing/campaign",
+        r#"{"session":"abc"}"#,
+    ),
+    ("POST", "/v1/scopes/billing/resign", r#"{"session":"abc"}"#),
     ("GET", "/v1/leader?timeout_ms=1", ""),
     ("POST", "/v1/transfer", r#"{"to":2}"#),
     ("POST", "/v1/resign", ""),
@@ -114,18 +126,26 @@ const ROUTES: [(&str, &str, &str); 14] = [
 /// The roles `ROUTES[i]` admits, for the credential names of this file.
 fn admitted(name: &str, method: &str, uri: &str) -> bool {
     let leader = method == "GET" && uri.starts_with("/v1/leader");
+    // Named leaderships: writers hold sessions and campaign; everyone who reads leader
+    // views reads scopes; nodes forward keepalives.
+    let scope_read = method == "GET" && uri.starts_with("/v1/scopes");
+    let session =
+        uri.starts_with("/v1/sessions") || (method == "POST" && uri.starts_with("/v1/scopes"));
+    let keepalive = uri.ends_with("/keepalive");
     uri == "/healthz"
         || name == "operator-ops"
         || (name != "client" && method == "GET" && uri == "/metrics")
-        || (name == "writer-app" && leader)
-        || (name == "node-3" && (leader || (method == "GET" && uri == "/v1/members")))
+        || (name == "writer-app" && (leader || scope_read || session))
+        || (name == "node-3"
+            && (leader || scope_read || keepalive || (method == "GET" && uri == "/v1/members")))
         || (name == "proxy-a" && method == "POST" && uri == "/v1/lease")
 }
 
 /// Goal: with roles enforced, each credential reaches exactly the routes the table in
 /// `roles` gives its role (healthz for any certificate, metrics for any role, leader
-/// views for writers, operators and nodes, the member list for nodes, leases for proxies,
-/// everything for operators), and every other request is a 403 `forbidden-role` naming
+/// views and scope reads for writers, operators and nodes, sessions and campaigns for
+/// writers, keepalives for writers and nodes, the member list for nodes, leases for
+/// proxies, everything for operators), and every other request is a 403 `forbidden-role` naming
 /// the role needed and the credential, from this node. Method: every route as
 /// `writer-app`, `operator-ops`, `proxy-a`, `node-3`, and a certificate naming no role.
 #[tokio::test]

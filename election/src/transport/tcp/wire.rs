@@ -17,7 +17,7 @@ pub(super) const HELLO_BYTES_MAX: usize = 64;
 /// The peer links' framing: a u32 big-endian length before each frame of at most `max`
 /// bytes. A longer frame ends the connection: read, from its length alone (`InvalidData`);
 /// written, before anything is sent (`InvalidInput`).
-pub(super) fn peer_codec(max: usize) -> LengthDelimitedCodec {
+pub(crate) fn peer_codec(max: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
         .length_field_type::<u32>()
         .big_endian()

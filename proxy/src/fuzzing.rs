@@ -1,0 +1,166 @@
+//! Entry points for the fuzz targets in `tests/fuzz`, compiled only with the `fuzzing`
+//! feature. Each is a thin handle on the proxy's own code, never a copy of it: the
+//! classifier and path normaliser, the admin app, the data path's service on any byte
+//! stream, and the fencer. Nothing here is part of the proxy's API.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use hyper_util::rt::TokioIo;
+use palisade_storage::FenceRegister;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::admin::AdminState;
+use crate::auth::{AdminAuth, AdminToken};
+use crate::config::ProxyConfig;
+use crate::error::ProxyError;
+use crate::fencing::Fencer;
+use crate::routing::Class;
+use crate::server::Peer;
+use crate::service::{Backend, Shared};
+use crate::upstream::HttpUpstream;
+use crate::{StartError, routing};
+
+/// What [`Classifier::classify`] decided for a request head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// A fenced write (by method or route), as opposed to a read.
+    pub write: bool,
+    /// The scope the request is fenced in.
+    pub scope: String,
+}
+
+/// The data path's classifier, built from a configuration as the proxy builds it.
+pub struct Classifier(routing::Classifier);
+
+impl Classifier {
+    /// The classifier of `config` (which the caller has validated).
+    pub fn new(config: &ProxyConfig) -> Self {
+        Self(routing::Classifier::new(config))
+    }
+
+    /// Read or write, and the scope, of a request head; `Err` is the refusal's message.
+    pub fn classify(&self, parts: &Parts) -> Result<Decision, String> {
+        self.0
+            .classify(parts)
+            .map(|d| Decision {
+                write: d.class == Class::Write,
+                scope: d.scope.into_owned(),
+            })
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The normalised form of a raw path, as routes see it; `Err` is the refusal's message.
+pub fn normalise(raw: &str) -> Result<String, String> {
+    routing::normalise(raw).map_err(|e| e.to_string())
+}
+
+/// The admin API's router over `register`, behind `admin_token` when given, with no
+/// lease, no proof keys and no audit log.
+pub fn admin_app(register: FenceRegister, admin_token: Option<&[u8]>) -> axum::Router {
+    let fencer = Arc::new(Fencer::new(register, Duration::from_millis(100)));
+    crate::admin::app(AdminState {
+        fencer,
+        lease: None,
+        proofs: None,
+        auth: Arc::new(AdminAuth {
+            token: admin_token.map(AdminToken::new),
+            metrics_public: false,
+        }),
+        upstream: "fuzz upstream".to_owned(),
+        admin_addr: "127.0.0.1:0".to_owned(),
+    })
+}
+
+/// The data path (classify, fence, forward) of a proxy whose upstream is
+/// `config.upstream`, fencing in `register`, served on any byte stream.
+pub struct DataPath {
+    shared: Arc<Shared>,
+}
+
+impl DataPath {
+    /// The data path of `config` (validated by the caller; `upstream` must be set).
+    pub fn new(config: &ProxyConfig, register: FenceRegister) -> Result<Self, StartError> {
+        let url = config.upstream.as_deref().ok_or_else(|| {
+            StartError::Config(crate::config::ConfigError::Invalid {
+                field: "upstream".to_owned(),
+                reason: "the fuzzing data path needs an HTTP upstream".to_owned(),
+            })
+        })?;
+        let backend = Backend::Http(Box::new(HttpUpstream::new(url, config)?));
+        let fencer = Arc::new(Fencer::new(
+            register,
+            Duration::from_millis(config.limits.barrier_timeout_ms),
+        ));
+        let shared = Shared::new(config, fencer, None, None, backend);
+        Ok(Self {
+            shared: Arc::new(shared),
+        })
+    }
+
+    /// Serves one HTTP/1 connection on `io` from a client at `peer`, with the proxy's own
+    /// request handler, until the connection ends.
+    pub async fn serve_http1<I>(&self, io: I, peer: SocketAddr) -> hyper::Result<()>
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        let peer = Arc::new(Peer {
+            forwarded_for: http::HeaderValue::from_str(&peer.ip().to_string()).ok(),
+        });
+        let service = hyper::service::service_fn(move |request| {
+            crate::service::handle(Arc::clone(&shared), request, Arc::clone(&peer))
+        });
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades()
+            .await
+    }
+}
+
+/// The fencer: admission (fence check and in-flight barrier) and resets.
+pub struct Fences(Arc<Fencer>);
+
+/// An admitted request: holding it keeps its token in flight.
+pub struct Admitted {
+    /// Whether admitting it raised the fence.
+    pub raised: bool,
+    _guard: crate::fencing::InflightGuard,
+}
+
+impl Fences {
+    /// A fencer over `register`, waiting at most `barrier_timeout` at its barrier.
+    pub fn new(register: FenceRegister, barrier_timeout: Duration) -> Self {
+        Self(Arc::new(Fencer::new(register, barrier_timeout)))
+    }
+
+    /// [`Fences::new`] committing raises on the caller's task rather than the blocking
+    /// pool: for the deterministic simulation (`tests/sim`), over an in-memory redb.
+    pub fn new_inline(register: FenceRegister, barrier_timeout: Duration) -> Self {
+        Self(Arc::new(
+            Fencer::new(register, barrier_timeout).with_inline_commit(),
+        ))
+    }
+
+    /// Admits a request of `scope` with `token`, as the data path does.
+    pub async fn admit(&self, scope: &str, token: u64) -> Result<Admitted, ProxyError> {
+        let admitted = self.0.admit(scope, token).await?;
+        Ok(Admitted {
+            raised: admitted.raised,
+            _guard: admitted.guard,
+        })
+    }
+
+    /// Resets the fence of `scope` to `token`, as the admin API does; the fence it had.
+    pub async fn reset(&self, scope: &str, token: u64) -> Result<u64, ProxyError> {
+        self.0.reset(scope, token).await
+    }
+
+    /// The register the fencer admits through.
+    pub fn register(&self) -> &FenceRegister {
+        self.0.fence_register()
+    }
+}
