@@ -126,6 +126,13 @@ pub(crate) enum DropCause {
         leader_id: u64,
         own: u64,
     },
+    /// A `MsgTransferLeader` to a node that is not the leader: raft-rs would forward it
+    /// with its term set and panic (the fuzzer found it; a cluster whose leadership moves
+    /// while a transfer is forwarded can send one).
+    #[error(
+        "MsgTransferLeader from node {from} reached this node, which is not the leader (it follows {leader_id})"
+    )]
+    TransferNotAtLeader { from: u64, leader_id: u64 },
 }
 
 impl DropCause {
@@ -143,6 +150,7 @@ impl DropCause {
             DropCause::SnapshotMembership { .. } => "snapshot_membership",
             DropCause::ProposalNotConfChange => "proposal_not_conf_change",
             DropCause::TimeoutNowNotFromLeader { .. } => "timeout_now_not_from_leader",
+            DropCause::TransferNotAtLeader { .. } => "transfer_not_at_leader",
         }
     }
 }
@@ -220,6 +228,12 @@ impl Guard {
             MessageType::MsgSnapshot => Self::check_snapshot(m, me.id),
             MessageType::MsgPropose if !is_forwarded_change(m) => {
                 Err(DropCause::ProposalNotConfChange)
+            }
+            MessageType::MsgTransferLeader if me.leader_id != me.id => {
+                Err(DropCause::TransferNotAtLeader {
+                    from: m.from,
+                    leader_id: me.leader_id,
+                })
             }
             MessageType::MsgTimeoutNow
                 if m.term != me.term || me.leader_id == 0 || m.from != me.leader_id =>

@@ -51,8 +51,9 @@ fn honest_messages_pass() {
     let mut ack = msg(MessageType::MsgAppendResponse, 3, 5);
     ack.index = 10;
     let timeout = msg(MessageType::MsgTimeoutNow, 2, 5);
-    let transfer = msg(MessageType::MsgTransferLeader, 3, 5);
-    for m in [hb, app, vote, ack, timeout, transfer] {
+    // (A forwarded `MsgTransferLeader` passes only on the leader: see
+    // `transfer_leader_to_a_follower_is_dropped`.)
+    for m in [hb, app, vote, ack, timeout] {
         assert_eq!(guard().check(&m, &me()), Ok(()), "{m:?}");
     }
 }
@@ -317,4 +318,22 @@ fn drop_warnings_are_rate_limited_per_reason() {
     let later = t0 + std::time::Duration::from_millis(DROP_WARN_INTERVAL_MS);
     assert_eq!(log.should_log("commit_beyond_log", later), Some(1_000));
     assert_eq!(log.should_log("commit_beyond_log", later), None);
+}
+
+/// Goal: a `MsgTransferLeader` reaches raft only on the leader: a follower would forward
+/// it with its term set, which makes raft-rs panic (found by the `peer_frame` fuzz target,
+/// input `crash_transfer_leader_to_follower`).
+/// Method: the same message to this node as a follower of 2, then as the leader.
+#[test]
+fn transfer_leader_to_a_follower_is_dropped() {
+    let transfer = msg(MessageType::MsgTransferLeader, 3, 5);
+    assert_eq!(
+        guard().check(&transfer, &me()).unwrap_err().reason(),
+        "transfer_not_at_leader"
+    );
+    let leading = LocalState {
+        leader_id: 1,
+        ..me()
+    };
+    assert!(guard().check(&transfer, &leading).is_ok());
 }

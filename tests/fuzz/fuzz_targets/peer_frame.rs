@@ -18,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use palisade_election::fuzzing::{LocalState, check_frame, guard_check, read_frames};
 use palisade_election::{MAX_TERM_GAP_DEFAULT, NodeConfig};
 use raft::RawNode;
-use raft::eraftpb::{ConfState, MessageType};
+use raft::eraftpb::ConfState;
 use raft::storage::MemStorage;
 
 /// This node.
@@ -114,14 +114,6 @@ fuzz_target!(|data: &[u8]| {
                         continue;
                     };
                     let me = local_state(&node);
-                    // Open finding 4 of docs/fuzzing.md, skipped until the guard refuses
-                    // it: a follower that steps a peer's `MsgTransferLeader` forwards it
-                    // to its leader with the term still set, and raft-rs panics.
-                    if message.get_msg_type() == MessageType::MsgTransferLeader
-                        && me.leader_id != ME
-                    {
-                        continue;
-                    }
                     if guard_check(&voters, MAX_TERM_GAP_DEFAULT, &message, me).is_ok() {
                         let _ = node.step(message);
                         on_ready(&mut node);
