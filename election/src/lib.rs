@@ -43,6 +43,9 @@
 //!   the members table they produce (the loop's side is `node`'s `membership`, the HTTP
 //!   side `api`'s `members`).
 //! - `metrics`: the node's own Prometheus recorder and metric handles.
+//! - `scopes`: named leaderships: the replicated state of sessions and scopes and the one
+//!   function that changes it (the tokens' argument is there), their raft entries, the
+//!   leader's session deadlines (`lessor`) and the limits.
 //! - `tls`: mutual TLS of the peer links and the API (`--cert`, `--key`, `--ca`): the
 //!   certificate names `node-<id>`, checked at start, by dialers and by acceptors.
 //!
@@ -65,7 +68,10 @@
 //!   announce list the loop publishes; a proxy leaving the list is retired first.
 //! - `audit`: what the node remembers for people (the announce state per proxy) and
 //!   writes to its audit log (announces, transfers, membership changes).
+//! - `announce`'s `grants`: fence on grant, raising every announce proxy's fence to each
+//!   named scope's new token before the campaign that asked for it answers.
 //! - `api`: the HTTP API on axum, one file per concern: `/v1/leader` with long poll,
+//!   `/v1/sessions` and `/v1/scopes` (named leaderships),
 //!   `/v1/transfer`, `/v1/resign`, `/v1/lease` (`api`'s `lease`: fleet leases for the
 //!   `--announce` proxies), `/v1/members`, `/v1/announce`, `/metrics`, `/healthz`, the
 //!   status page at `GET /`, and the test-fault route when enabled.
