@@ -710,3 +710,151 @@ async fn keepalives_sent_to_a_follower_reach_the_leader() {
     let at_leader = keepalive(format!("{api}/v1/sessions/{}/keepalive", "0".repeat(32))).await;
     assert_eq!(at_leader.status, StatusCode::NOT_FOUND);
 }
+
+/// Goal: what a hostile or broken client sends to the named-leaderships routes gets a
+/// clear problem+json answer and changes nothing: TTLs out of bounds, unknown fields,
+/// bodies that are not JSON or too large, bad and reserved scope names, unknown session
+/// ids (well-formed, garbage, or 3,000 characters long), keepalives faster than the
+/// limit, and a resign or revoke of a session that does not exist.
+/// Method: one three-node cluster; each request to the leader, checking status and kind;
+/// then the leader lists no session and no scope but the one opened on purpose.
+#[tokio::test]
+async fn hostile_requests_get_clear_answers_and_change_nothing() {
+    use palisade_protocol::problem::kind as k;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = cluster(dir.path());
+    let leader = first_announced_leader(&cluster, ELECTION_TIMEOUT).await;
+    let api = api_of(&cluster, leader.node_id);
+    let expect = |answer: Answer, status: StatusCode, kind: &str, what: &str| {
+        assert_eq!(answer.status, status, "{what}: {:?}", answer.json());
+        assert_eq!(
+            answer.problem().map(|p| p.kind().to_owned()).as_deref(),
+            Some(kind),
+            "{what}: {:?}",
+            answer.json()
+        );
+    };
+    let sessions = format!("{api}/v1/sessions");
+    for ttl in [0_u64, 999, 300_001, u64::MAX] {
+        let answer = call(
+            Method::POST,
+            &sessions,
+            &serde_json::json!({ "ttl_ms": ttl }),
+        )
+        .await;
+        expect(
+            answer,
+            StatusCode::BAD_REQUEST,
+            k::BAD_TTL,
+            &format!("ttl {ttl}"),
+        );
+    }
+    let unknown_field = call(
+        Method::POST,
+        &sessions,
+        &serde_json::json!({"ttl_ms": 5000, "owner": "x"}),
+    )
+    .await;
+    expect(
+        unknown_field,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        k::BAD_BODY,
+        "an unknown field",
+    );
+    let not_json = send(
+        Method::POST,
+        &sessions,
+        &[("content-type", "application/json")],
+        "{\"ttl_ms\":",
+    )
+    .await;
+    expect(
+        not_json,
+        StatusCode::BAD_REQUEST,
+        k::BAD_BODY,
+        "a body cut short",
+    );
+    let huge = format!("{{\"ttl_ms\":5000,\"pad\":\"{}\"}}", "x".repeat(64 * 1024));
+    let too_large = send(
+        Method::POST,
+        &sessions,
+        &[("content-type", "application/json")],
+        huge,
+    )
+    .await;
+    expect(
+        too_large,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        k::BODY_TOO_LARGE,
+        "a 64 KiB body",
+    );
+
+    let session = open(&api).await;
+    let campaign = |scope: &str| format!("{api}/v1/scopes/{scope}/campaign?timeout_ms=100");
+    let body = serde_json::json!({ "session": session });
+    for scope in ["bad%20name", &"s".repeat(129), "a%2Fb"] {
+        let answer = call(Method::POST, &campaign(scope), &body).await;
+        expect(answer, StatusCode::BAD_REQUEST, k::BAD_SCOPE, scope);
+    }
+    let own = call(Method::POST, &campaign("default"), &body).await;
+    expect(
+        own,
+        StatusCode::CONFLICT,
+        k::CLUSTER_SCOPE,
+        "the cluster's own scope",
+    );
+    for id in [
+        "0".repeat(32),
+        "not-a-session".to_owned(),
+        "x".repeat(3_000),
+    ] {
+        let stranger = serde_json::json!({ "session": id });
+        let answer = call(Method::POST, &campaign("s"), &stranger).await;
+        expect(
+            answer,
+            StatusCode::NOT_FOUND,
+            k::UNKNOWN_SESSION,
+            "campaign by a stranger",
+        );
+        let answer = call(
+            Method::POST,
+            &format!("{api}/v1/scopes/s/resign"),
+            &stranger,
+        )
+        .await;
+        expect(
+            answer,
+            StatusCode::NOT_FOUND,
+            k::UNKNOWN_SESSION,
+            "resign by a stranger",
+        );
+        let answer = call(
+            Method::DELETE,
+            &format!("{sessions}/{id}"),
+            &serde_json::Value::Null,
+        )
+        .await;
+        expect(
+            answer,
+            StatusCode::NOT_FOUND,
+            k::UNKNOWN_SESSION,
+            "revoke of a stranger",
+        );
+    }
+    let keepalive = format!("{sessions}/{session}/keepalive");
+    let first = call(Method::POST, &keepalive, &serde_json::Value::Null).await;
+    assert_eq!(first.status, StatusCode::OK, "{:?}", first.json());
+    let second = call(Method::POST, &keepalive, &serde_json::Value::Null).await;
+    expect(
+        second,
+        StatusCode::TOO_MANY_REQUESTS,
+        k::KEEPALIVE_TOO_FAST,
+        "a keepalive flood",
+    );
+
+    let live = get_json(&sessions).await;
+    assert_eq!(live["sessions"].as_array().map(Vec::len), Some(1), "{live}");
+    let held = get_json(&format!("{api}/v1/scopes")).await;
+    assert_eq!(held["scopes"].as_array().map(Vec::len), Some(0), "{held}");
+}
