@@ -309,6 +309,13 @@ fn check_append(m: &Message) -> Result<(), DropCause> {
             m.log_term, m.term
         ));
     }
+    // Every entry after index 0 has a term of at least 1, so a leader appending after
+    // index `i > 0` names a term of at least 1 for it. raft-rs reads term 0 at an index
+    // beyond its log as a match, and then commits past its last index and panics (the
+    // `peer_frame` fuzz target found it).
+    if m.index > 0 && m.log_term == 0 {
+        return bad(format!("log term 0 at index {}", m.index));
+    }
     let mut previous_term = m.log_term;
     for (offset, entry) in (1u64..).zip(m.get_entries()) {
         let Some(expected) = m.index.checked_add(offset) else {

@@ -337,3 +337,21 @@ fn transfer_leader_to_a_follower_is_dropped() {
     };
     assert!(guard().check(&transfer, &leading).is_ok());
 }
+
+/// Goal: an append after index `i > 0` that names term 0 for that index is dropped:
+/// raft-rs would take it as a match beyond its log and commit past its last index, and
+/// panic (found by the `peer_frame` fuzz target: index 64, commit 64, no entries).
+/// Method: that append to a node with 10 entries; the same at index 0 passes.
+#[test]
+fn append_with_term_zero_after_index_zero_is_dropped() {
+    let mut app = msg(MessageType::MsgAppend, 2, 5);
+    (app.index, app.log_term, app.commit) = (64, 0, 64);
+    assert_eq!(
+        guard().check(&app, &me()).unwrap_err().reason(),
+        "append_inconsistent"
+    );
+    let mut first = msg(MessageType::MsgAppend, 2, 5);
+    (first.index, first.log_term, first.commit) = (0, 0, 0);
+    first.set_entries(vec![entry(1, 5)].into());
+    assert!(guard().check(&first, &me()).is_ok());
+}
