@@ -4,7 +4,8 @@
 //! without a role. Each credential calls every route over HTTPS, and each route admits
 //! exactly its roles; every refusal is a 403 `forbidden-role` that names the role needed,
 //! is counted in `palisade_node_api_forbidden_total` and is written to the node's audit
-//! log.
+//! log. A session belongs to the writer certificate that opened it: another writer's
+//! credential gets 403 `session-owner` for every use of it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -31,6 +32,8 @@ const TICK_MS: &str = "50";
 const LEASE_MS: &str = "1000";
 /// The writer, operator, proxies and the certificate without a role.
 const WRITER: &str = "writer-app";
+/// A second writer, for sessions that belong to the first.
+const WRITER_B: &str = "writer-other";
 const OPERATOR: &str = "operator-ops";
 const PROXY_A: &str = "proxy-a";
 const PROXY_B: &str = "proxy-b";
@@ -38,8 +41,18 @@ const NO_ROLE: &str = "client-app";
 /// The counter of refusals.
 const FORBIDDEN_METRIC: &str = "palisade_node_api_forbidden_total";
 
-/// Three nodes whose `--announce` entries are `proxy-a=BOUND` and the bare `UNBOUND`
-/// (nothing listens there: the announce keeps retrying, which does not matter here).
+/// How the nodes of [`Roles`] run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Fleet leases on (so that `POST /v1/lease` grants), announcing to `proxy-a=BOUND`
+    /// and the bare `UNBOUND` (nothing listens there: the announce keeps retrying, which
+    /// does not matter here).
+    Fleet,
+    /// Named leaderships: no leases and no announce list, so every grant is fenced at once.
+    Scopes,
+}
+
+/// Three nodes with mutual TLS, in a [`Mode`].
 struct Roles {
     pki: Pki,
     nodes: Vec<NodeProcess>,
@@ -51,11 +64,11 @@ struct Roles {
 }
 
 impl Roles {
-    fn start(dir: &Path) -> Self {
+    fn start(dir: &Path, mode: Mode) -> Self {
         let pki = generate_certs(
             &dir.join("pki"),
             &[
-                "node-1", "node-2", "node-3", PROXY_A, PROXY_B, WRITER, OPERATOR,
+                "node-1", "node-2", "node-3", PROXY_A, PROXY_B, WRITER, WRITER_B, OPERATOR,
             ],
         );
         issue_outside_the_binary(&pki, NO_ROLE);
@@ -70,18 +83,22 @@ impl Roles {
                 let mut extra = vec![
                     "--tick-ms".to_owned(),
                     TICK_MS.to_owned(),
-                    "--lease-ms".to_owned(),
-                    LEASE_MS.to_owned(),
                     "--audit-log".to_owned(),
                     audit_path(dir, id).display().to_string(),
                 ];
+                if mode == Mode::Fleet {
+                    extra.extend(["--lease-ms".to_owned(), LEASE_MS.to_owned()]);
+                }
                 extra.extend(pki.node_flags(&format!("node-{id}")));
                 let spec = NodeSpec {
                     id,
                     peers: raft.clone(),
                     api: SocketAddr::from(([127, 0, 0, 1], free_port().unwrap())),
                     data_dir: dir.join(format!("node-{id}")),
-                    announce: vec![format!("{PROXY_A}={bound}"), unbound.clone()],
+                    announce: match mode {
+                        Mode::Fleet => vec![format!("{PROXY_A}={bound}"), unbound.clone()],
+                        Mode::Scopes => Vec::new(),
+                    },
                     extra,
                     env: vec![(TEST_FAULTS_ENV.to_owned(), "1".to_owned())],
                     prefix: Vec::new(),
@@ -221,7 +238,7 @@ async fn refusals(roles: &Roles, id: u64, route: &str, role: &str) -> u64 {
 async fn writers_write_operators_administer_and_no_role_gets_nothing() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let roles = Roles::start(dir.path());
+    let roles = Roles::start(dir.path(), Mode::Fleet);
     let l = roles.leader().await;
     let lease = format!(r#"{{"proxy":"{}"}}"#, roles.bound);
     // The administration, with bodies whose own answer (for an operator) moves nothing:
@@ -371,7 +388,7 @@ async fn writers_write_operators_administer_and_no_role_gets_nothing() {
 async fn proxies_lease_their_own_entry_and_nodes_add_only_themselves() {
     crate::use_tested_binary();
     let dir = tempfile::tempdir().unwrap();
-    let roles = Roles::start(dir.path());
+    let roles = Roles::start(dir.path(), Mode::Fleet);
     let l = roles.leader().await;
     let bound = format!(r#"{{"proxy":"{}"}}"#, roles.bound);
     let unbound = format!(r#"{{"proxy":"{}"}}"#, roles.unbound);
@@ -436,4 +453,110 @@ async fn proxies_lease_their_own_entry_and_nodes_add_only_themselves() {
         answer.forbidden(&format!("node-2 {method} {path}"), node2, "operator");
     }
     assert!(refusals(&roles, l, "/v1/members", "node").await >= 1);
+}
+
+/// The answer `answer` must be: the 403 `session-owner` naming `owner`.
+fn not_the_owner(answer: &Answer, what: &str, owner: &str) {
+    assert_eq!(
+        answer.status,
+        StatusCode::FORBIDDEN,
+        "{what}: {}",
+        answer.body
+    );
+    let problem: Problem = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(
+        problem.kind(),
+        kind::SESSION_OWNER,
+        "{what}: {}",
+        answer.body
+    );
+    assert!(
+        problem.detail.contains(owner),
+        "{what}: names {owner}: {problem}"
+    );
+}
+
+/// Goal: a session opened over mutual TLS belongs to the certificate name that opened
+/// it. Another writer's legitimate credential cannot keep it alive (on the leader, or
+/// through a follower, which would forward it with its own node credential), campaign or
+/// resign with it, or revoke it: each try is a 403 `session-owner` naming the owner, and
+/// changes nothing. The owner can do all of it, through the follower too. Method: three
+/// nodes with mutual TLS and named leaderships (no fleet leases, no announce proxies, so
+/// every grant is fenced at once); two writer certificates; every call over HTTPS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_belongs_to_the_writer_that_opened_it() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let roles = Roles::start(dir.path(), Mode::Scopes);
+    let l = roles.leader().await;
+    let f = (1..=3).find(|&id| id != l).unwrap();
+    let opened = roles
+        .call(l, WRITER, "POST", "/v1/sessions", r#"{"ttl_ms":60000}"#)
+        .await;
+    assert_eq!(opened.status, StatusCode::OK, "open: {}", opened.body);
+    let opened: serde_json::Value = serde_json::from_str(&opened.body).unwrap();
+    let id = opened["id"].as_str().unwrap().to_owned();
+    let session = format!(r#"{{"session":"{id}"}}"#);
+    let keepalive = format!("/v1/sessions/{id}/keepalive");
+    let revoke = format!("/v1/sessions/{id}");
+    let granted = roles
+        .call(l, WRITER, "POST", "/v1/scopes/billing/campaign", &session)
+        .await;
+    assert_eq!(granted.status, StatusCode::OK, "campaign: {}", granted.body);
+    let token = serde_json::from_str::<serde_json::Value>(&granted.body).unwrap()["token"]
+        .as_u64()
+        .unwrap();
+    // The follower has applied the session once the owner's keepalive through it is
+    // answered (before that it answers 503 `not-leader`: the session is not known there).
+    // The poll's pace is above the leader's shortest keepalive interval.
+    let through_follower = wait::poll(SETTLE, || async {
+        let answer = roles.call(f, WRITER, "POST", &keepalive, "").await;
+        (answer.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    assert!(
+        through_follower.is_some(),
+        "the owner's keepalive through follower {f} was never answered 200"
+    );
+
+    let stranger_tries = [
+        (l, "POST", keepalive.as_str(), ""),
+        (f, "POST", keepalive.as_str(), ""),
+        (l, "POST", "/v1/scopes/billing/campaign", session.as_str()),
+        (l, "POST", "/v1/scopes/other/campaign", session.as_str()),
+        (l, "POST", "/v1/scopes/billing/resign", session.as_str()),
+        (l, "DELETE", revoke.as_str(), ""),
+    ];
+    for (node, method, path, body) in stranger_tries {
+        let answer = roles.call(node, WRITER_B, method, path, body).await;
+        not_the_owner(
+            &answer,
+            &format!("{WRITER_B} {method} {path} at node {node}"),
+            WRITER,
+        );
+    }
+    // Nothing moved: the owner still holds `billing` at its token, holds nothing else,
+    // and the session is still there.
+    let view = roles.call(l, WRITER, "GET", "/v1/scopes/billing", "").await;
+    let view: serde_json::Value = serde_json::from_str(&view.body).unwrap();
+    assert_eq!(view["session"], id.as_str(), "billing's holder: {view}");
+    assert_eq!(view["token"], token, "billing's token: {view}");
+    let other = roles.call(l, WRITER, "GET", "/v1/scopes/other", "").await;
+    let other: serde_json::Value = serde_json::from_str(&other.body).unwrap();
+    assert!(other["session"].is_null(), "nobody holds other: {other}");
+
+    // The owner resigns and revokes; after that the session is unknown to everyone.
+    let resigned = roles
+        .call(l, WRITER, "POST", "/v1/scopes/billing/resign", &session)
+        .await;
+    assert_eq!(resigned.status, StatusCode::OK, "resign: {}", resigned.body);
+    let revoked = roles.call(l, WRITER, "DELETE", &revoke, "").await;
+    assert_eq!(revoked.status, StatusCode::OK, "revoke: {}", revoked.body);
+    let gone = roles.call(l, WRITER_B, "POST", &keepalive, "").await;
+    assert_eq!(
+        gone.status,
+        StatusCode::NOT_FOUND,
+        "after revoke: {}",
+        gone.body
+    );
 }
