@@ -27,10 +27,10 @@ use http::Method;
 use palisade_client::NodeApi;
 use palisade_cluster::history::{self, Outcome, Violation};
 use palisade_cluster::{FaultSpec, Fleet, NodeHost, Role, wait};
-use palisade_protocol::audit::parse_rfc3339;
 use palisade_protocol::lease::{LEASE_PATH, LeaseView};
 use palisade_tests::clock::{
-    JUMP_CACHE_S, WallClock, forget_names, offset_is, offset_s, rate_prefix, require_libfaketime,
+    JUMP_CACHE_S, WallClock, forget_cluster_names, node_wall_offset_s, offset_is,
+    proxy_wall_offset_s, rate_prefix, require_libfaketime,
 };
 use palisade_tests::relay::Relay;
 use palisade_tests::scenario::{ELECTION_TIMEOUT, STEP_TIMEOUT, Scenario, ScenarioSpec};
@@ -66,12 +66,7 @@ fn localhost(prefix: Vec<String>) -> NodeHost {
 /// Unlinks libfaketime's per-process names of every node and proxy (all faked here), so
 /// that killing them leaves nothing in `/dev/shm` (see [`palisade_tests::clock`]).
 fn forget_faked_names(s: &Scenario) {
-    for node in &s.cluster.nodes {
-        forget_names(node.guard.pid().as_raw());
-    }
-    for proxy in s.cluster.proxies() {
-        forget_names(proxy.guard.pid().as_raw());
-    }
+    forget_cluster_names(&s.cluster);
 }
 
 async fn lease_view(s: &Scenario, i: usize) -> LeaseView {
@@ -554,27 +549,15 @@ async fn beyond_the_drift_bound_a_slow_proxy_admits_the_old_token_after_the_new_
     );
 }
 
-/// How far node `id`'s wall clock is from this process's, read from the timestamp of
-/// the warning it logs when its test faults are set (a JSON log line), after setting
-/// them; `None` while that line cannot be read.
-async fn node_wall_offset_s(s: &Scenario, id: u64) -> Option<f64> {
-    let node = s.cluster.node(id)?;
-    node.set_faults(&FaultSpec::default()).await.ok()?;
-    let logs = node.logs();
-    let line = logs
-        .iter()
-        .rev()
-        .flat_map(|log| log.lines().rev())
-        .find(|l| l.contains("test faults set"))?;
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    let at = parse_rfc3339(v["timestamp"].as_str()?).ok()?;
-    Some(offset_s(at))
+/// How far node `id`'s wall clock is from this process's ([`node_wall_offset_s`], its
+/// test faults set to none).
+async fn node_offset_s(s: &Scenario, id: u64) -> Option<f64> {
+    node_wall_offset_s(s.cluster.node(id)?, &FaultSpec::default()).await
 }
 
-/// How far proxy `i`'s wall clock is from this process's: its status's `time`.
-async fn proxy_wall_offset_s(s: &Scenario, i: usize) -> Option<f64> {
-    let status = s.cluster.proxy_at(i)?.admin_client().status().await.ok()?;
-    parse_rfc3339(&status.time).ok().map(offset_s)
+/// How far proxy `i`'s wall clock is from this process's ([`proxy_wall_offset_s`]).
+async fn proxy_offset_s(s: &Scenario, i: usize) -> Option<f64> {
+    proxy_wall_offset_s(s.cluster.proxy_at(i)?).await
 }
 
 /// Steps every wall clock to its offset in `offsets` (libfaketime's syntax and the same
@@ -588,9 +571,9 @@ async fn jump(s: &mut Scenario, clocks: &[WallClock], offsets: &[(&str, i64)]) {
     for (k, (offset, want)) in offsets.iter().enumerate() {
         let seen = wait::poll(STEP_TIMEOUT, || async {
             let seen = if k < nodes {
-                node_wall_offset_s(s, u64::try_from(k + 1).unwrap()).await
+                node_offset_s(s, u64::try_from(k + 1).unwrap()).await
             } else {
-                proxy_wall_offset_s(s, k - nodes).await
+                proxy_offset_s(s, k - nodes).await
             };
             seen.filter(|&o| offset_is(o, *want, slack))
         })

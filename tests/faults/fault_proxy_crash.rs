@@ -18,7 +18,7 @@ use palisade_tests::scenario::{outcome_of, tagged_put};
 use palisade_tests::upstream::RecordingUpstream;
 
 /// The proxy's failpoints, in request order.
-const FAILPOINTS: [&str; 5] = [
+pub(crate) const FAILPOINTS: [&str; 5] = [
     "proxy-before-fence-commit",
     "proxy-after-fence-commit",
     "proxy-before-forward",

@@ -26,7 +26,7 @@ const DEFAULT_SECS: u64 = 20;
 /// Period of the leadership and fence poll.
 const POLL: Duration = Duration::from_millis(25);
 /// The path prefix of the workers' writes, for the slow-storage fault.
-const LEDGER: &str = "/ledger/";
+pub(crate) const LEDGER: &str = "/ledger/";
 
 /// One kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -70,7 +70,8 @@ fn pick(rng: &mut StdRng) -> Fault {
     Fault::PauseNode
 }
 
-fn ms(rng: &mut StdRng, range: std::ops::Range<u64>) -> Duration {
+/// A duration drawn from `range`, in milliseconds.
+pub(crate) fn ms(rng: &mut StdRng, range: std::ops::Range<u64>) -> Duration {
     Duration::from_millis(rng.random_range(range))
 }
 

@@ -26,6 +26,8 @@
 //! - `membership_safety`: changes that cannot brick the cluster: unreachable new members
 //!   stay learners and the token stays, removals below three voters need force, and a
 //!   survivor of a lost quorum comes back with `--force-new-cluster`.
+//! - `soak`: overlapping fault cycles of every kind above (and wall-clock jumps), counted
+//!   in cycles (`PALISADE_SOAK_CYCLES`), the whole history checked after every batch.
 // Tests may unwrap: a failed step panics with its cause, which is what a test should do.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -40,6 +42,7 @@ mod fault_random_mix;
 mod fleet;
 mod membership;
 mod membership_safety;
+mod soak;
 
 /// The `palisade` binary Cargo built for these tests, failpoints included.
 const PALISADE: &str = env!("CARGO_BIN_EXE_palisade");

@@ -25,6 +25,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use palisade_cluster::{Cluster, NodeProcess, ProxyProcess};
+use palisade_protocol::FaultSpec;
+use palisade_protocol::audit::parse_rfc3339;
+
 /// Names the preload library to use instead of the usual places.
 pub const LIBFAKETIME_ENV: &str = "PALISADE_LIBFAKETIME";
 
@@ -91,6 +95,17 @@ pub fn forget_names(pid: i32) {
     for prefix in SHM_PREFIXES {
         // Already gone (or never made) is what we want.
         let _ = std::fs::remove_file(Path::new(SHM_DIR).join(format!("{prefix}{pid}")));
+    }
+}
+
+/// [`forget_names`] of every node and proxy of `cluster` as they run now: call it after
+/// each start or restart of a faked process.
+pub fn forget_cluster_names(cluster: &Cluster) {
+    for node in &cluster.nodes {
+        forget_names(node.guard.pid().as_raw());
+    }
+    for proxy in cluster.proxies() {
+        forget_names(proxy.guard.pid().as_raw());
     }
 }
 
@@ -175,6 +190,30 @@ pub fn offset_s(seen: std::time::SystemTime) -> f64 {
         Ok(ahead) => ahead.as_secs_f64(),
         Err(behind) => -behind.duration().as_secs_f64(),
     }
+}
+
+/// How far `node`'s wall clock is from this process's, in seconds: read from the
+/// timestamp of the warning it logs when its test faults are set (a JSON log line), after
+/// setting them to `faults` (what the test wants in force there anyway); `None` while
+/// that line cannot be read (the node paused, killed or slow to answer).
+pub async fn node_wall_offset_s(node: &NodeProcess, faults: &FaultSpec) -> Option<f64> {
+    node.set_faults(faults).await.ok()?;
+    let logs = node.logs();
+    let line = logs
+        .iter()
+        .rev()
+        .flat_map(|log| log.lines().rev())
+        .find(|l| l.contains("test faults set"))?;
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let at = parse_rfc3339(v["timestamp"].as_str()?).ok()?;
+    Some(offset_s(at))
+}
+
+/// How far `proxy`'s wall clock is from this process's, in seconds: its status's `time`;
+/// `None` when it does not answer.
+pub async fn proxy_wall_offset_s(proxy: &ProxyProcess) -> Option<f64> {
+    let status = proxy.admin_client().status().await.ok()?;
+    parse_rfc3339(&status.time).ok().map(offset_s)
 }
 
 /// Whether `seen_s` (an offset from [`offset_s`]) is `want` (libfaketime's seconds),

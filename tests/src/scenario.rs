@@ -60,6 +60,9 @@ pub struct ScenarioSpec {
     /// network namespaces, whose prefix is `ip netns exec`. (A fleet's proxies take
     /// theirs from [`Fleet::proxy_hosts`].)
     pub node_prefixes: BTreeMap<u64, Vec<String>>,
+    /// A command that runs the (standalone) proxy's binary, as [`Self::node_prefixes`]
+    /// for the nodes; empty: run it directly.
+    pub proxy_prefix: Vec<String>,
 }
 
 impl ScenarioSpec {
@@ -83,6 +86,7 @@ impl Default for ScenarioSpec {
             proxy_flags: Vec::new(),
             fleet: None,
             node_prefixes: BTreeMap::new(),
+            proxy_prefix: Vec::new(),
         }
     }
 }
@@ -182,6 +186,7 @@ impl Scenario {
         let mut options = ClusterOptions {
             node_env: vec![(TEST_FAULTS_ENV.to_owned(), "1".to_owned())],
             fleet: spec.fleet.clone(),
+            proxy_prefix: spec.proxy_prefix.clone(),
             ..ClusterOptions::default()
         };
         if !spec.node_prefixes.is_empty() {
@@ -516,6 +521,45 @@ impl Scenario {
             tokio::time::sleep(wait::POLL).await;
         }
         self.pump();
+    }
+
+    /// The history so far, taken while the workers keep writing, in a form the checker
+    /// can judge: the operations as recorded now, then the apply log (so every write
+    /// acknowledged in the first is applied in the second), then the operation of each
+    /// applied write whose worker's `holding` line had not been read yet (its line is on
+    /// its way: pumped for, within [`STEP_TIMEOUT`]; one still missing after that is left
+    /// for the checker to report as unrecorded).
+    pub async fn history_so_far(&mut self) -> History {
+        self.pump();
+        let mut ops: BTreeMap<(String, u64), history::Op> = self
+            .recorder
+            .ops()
+            .into_iter()
+            .map(|op| ((op.writer.clone(), op.seq), op))
+            .collect();
+        let applied = self.upstream.apply_log();
+        let unread = |s: &Self| {
+            applied
+                .iter()
+                .any(|a| s.recorder.get(&a.writer, a.seq).is_none())
+        };
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        while unread(self) && Instant::now() < deadline {
+            tokio::time::sleep(wait::POLL).await;
+            self.pump();
+        }
+        for a in &applied {
+            let name = (a.writer.clone(), a.seq);
+            if !ops.contains_key(&name)
+                && let Some(op) = self.recorder.get(&a.writer, a.seq)
+            {
+                ops.insert(name, op.clone());
+            }
+        }
+        History {
+            ops: ops.into_values().collect(),
+            applied,
+        }
     }
 
     /// The history so far: every recorded operation, and the upstream's apply log.

@@ -10,6 +10,7 @@
 //! instead of passing.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,9 +33,17 @@ const MONITOR_QUERY_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Polls every node's leadership and the proxy's fence in the background, to check terms
 /// and fences over a whole run.
+///
+/// It keeps only the answers that changed something the checks read: a node's answer is
+/// stored when its term or token differs from that node's previous answer, a fence
+/// reading when it differs from the previous one. Dropping repeats changes no verdict of
+/// [`view_violations`] (which compares each node's answers, and each fence reading, with
+/// the one before) and keeps a soak of hours in bounded memory; every answer is still
+/// counted.
 pub struct Monitor {
     seen: Arc<Mutex<Vec<Seen>>>,
     fences: Arc<Mutex<Vec<u64>>>,
+    answers: Arc<AtomicUsize>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -52,17 +61,25 @@ impl Monitor {
     pub fn start(cluster: &Cluster, period: Duration) -> Self {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let fences = Arc::new(Mutex::new(Vec::new()));
+        let answers = Arc::new(AtomicUsize::new(0));
         let mut tasks = Vec::new();
         for node in &cluster.nodes {
             let api = node.api().clone().timeout(MONITOR_QUERY_TIMEOUT);
             let seen = Arc::clone(&seen);
+            let answers = Arc::clone(&answers);
             tasks.push(tokio::spawn(async move {
+                let mut last = None;
                 loop {
                     if let Ok(leadership) = api.leader().await {
-                        seen.lock().unwrap().push(Seen {
-                            at: Instant::now(),
-                            leadership,
-                        });
+                        answers.fetch_add(1, Ordering::Relaxed);
+                        let now = Some((leadership.term, leadership.token));
+                        if now != last {
+                            last = now;
+                            seen.lock().unwrap().push(Seen {
+                                at: Instant::now(),
+                                leadership,
+                            });
+                        }
                     }
                     tokio::time::sleep(period).await;
                 }
@@ -77,7 +94,10 @@ impl Monitor {
         tasks.push(tokio::spawn(async move {
             loop {
                 if let Ok(fence) = admin.fence(DEFAULT_SCOPE).await {
-                    fences_task.lock().unwrap().push(fence.token);
+                    let mut fences = fences_task.lock().unwrap();
+                    if fences.last() != Some(&fence.token) {
+                        fences.push(fence.token);
+                    }
                 }
                 tokio::time::sleep(period).await;
             }
@@ -85,19 +105,37 @@ impl Monitor {
         Self {
             seen,
             fences,
+            answers,
             tasks,
         }
     }
 
-    /// Every answer so far, in the order each node gave them.
+    /// Every answer so far that changed its node's term or token, in the order each node
+    /// gave them.
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// The established leader as last seen: of each node's latest answer, the one with a
+    /// token and the highest term. It may be stale (a node paused or killed since keeps
+    /// its last answer); it never waits, unlike asking the nodes.
+    pub fn leader(&self) -> Option<LeaderView> {
+        let seen = self.seen.lock().unwrap();
+        let mut latest: BTreeMap<u64, &LeaderView> = BTreeMap::new();
+        for s in seen.iter() {
+            latest.insert(s.leadership.node_id, &s.leadership);
+        }
+        latest
+            .into_values()
+            .filter(|l| l.token.is_some())
+            .max_by_key(|l| l.term)
+            .cloned()
     }
 
     /// Violations in what was seen: a term held by two established leaders, a node whose
     /// term went back, or the proxy's fence going down; and, so that a run in which the
     /// polls never got through cannot pass, no answer from the nodes or no fence reading
-    /// at all. With the count of answers.
+    /// at all. With the count of answers (every answer, repeats included).
     pub fn violations(&self) -> (usize, Vec<String>) {
         let seen: Vec<LeaderView> = self.seen().into_iter().map(|s| s.leadership).collect();
         let fences = self.fences.lock().unwrap().clone();
@@ -108,7 +146,7 @@ impl Monitor {
         if fences.is_empty() {
             out.push("the monitor got no fence reading from the proxy".to_owned());
         }
-        (seen.len(), out)
+        (self.answers.load(Ordering::Relaxed), out)
     }
 }
 

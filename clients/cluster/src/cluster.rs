@@ -47,6 +47,10 @@ pub struct ClusterOptions {
     pub proxy_env: Vec<(String, String)>,
     /// The address the proxy listens on (port chosen by the kernel).
     pub proxy_host: IpAddr,
+    /// A command that runs the standalone proxy's binary (`env LD_PRELOAD=...`: a proxy
+    /// on a faked clock); empty: run it directly. A fleet's proxies take theirs from
+    /// [`Fleet::proxy_hosts`].
+    pub proxy_prefix: Vec<String>,
     /// Where each node listens and how it is run, by position; empty: every node on
     /// 127.0.0.1, run directly.
     pub node_hosts: Vec<NodeHost>,
@@ -123,6 +127,7 @@ impl Default for ClusterOptions {
             node_env: Vec::new(),
             proxy_env: Vec::new(),
             proxy_host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            proxy_prefix: Vec::new(),
             node_hosts: Vec::new(),
             secure: false,
             fleet: None,
@@ -217,7 +222,7 @@ impl Cluster {
                 .and_then(|f| f.proxy_hosts.get(&i).cloned())
                 .unwrap_or_else(|| NodeHost {
                     ip: options.proxy_host,
-                    prefix: Vec::new(),
+                    prefix: options.proxy_prefix.clone(),
                 });
             let any_port = SocketAddr::new(at.ip, 0).to_string();
             let mut admin_listen = any_port.clone();

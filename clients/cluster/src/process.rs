@@ -321,16 +321,25 @@ pub fn spawn_until(
 
 /// A child's stdout lines after its ready line, shareable between tasks.
 #[derive(Debug)]
-pub struct Lines(Mutex<mpsc::Receiver<String>>);
+pub struct Lines(Mutex<mpsc::Receiver<String>>, Mutex<Option<String>>);
 
 impl Lines {
     /// Wraps the receiver [`spawn_launch`] returned.
     pub fn new(rx: mpsc::Receiver<String>) -> Self {
-        Self(Mutex::new(rx))
+        Self(Mutex::new(rx), Mutex::new(None))
+    }
+
+    /// Wraps the receiver, with `first` read before anything it holds (a line the
+    /// launcher took for the ready line).
+    pub fn with_first(first: String, rx: mpsc::Receiver<String>) -> Self {
+        Self(Mutex::new(rx), Mutex::new(Some(first)))
     }
 
     /// The next line if one has arrived, without waiting.
     pub fn try_next(&self) -> Option<String> {
+        if let Some(first) = self.1.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            return Some(first);
+        }
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -347,8 +356,14 @@ impl Lines {
     /// up to `timeout`) until its stdout is closed and read to the end.
     pub fn drain_to_end(&self, timeout: Duration) -> Vec<String> {
         let deadline = Instant::now() + timeout;
+        let mut out: Vec<String> = self
+            .1
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .into_iter()
+            .collect();
         let rx = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut out = Vec::new();
         loop {
             match rx.try_recv() {
                 Ok(line) => out.push(line),

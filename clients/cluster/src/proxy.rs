@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use palisade_client::{ProxyAdmin, backoff};
-use palisade_protocol::process::ProxyReady;
+use palisade_protocol::process::{FailpointStop, ProxyReady};
 
 use crate::process::{ChildGuard, Launch, Lines, spawn_until};
 use crate::{ClusterError, Result};
@@ -95,7 +95,7 @@ impl ProxyProcess {
                 .collect(),
             prefix: prefix.to_vec(),
         };
-        let (guard, addr, admin, lines) = Self::spawn(dir, &launch)?;
+        let (guard, addr, admin, lines) = Self::spawn(dir, &launch, None)?;
         let admin_client = admin_client(admin)?;
         Ok(Self {
             guard,
@@ -117,18 +117,38 @@ impl ProxyProcess {
         self.bearer = Some(token.to_owned());
     }
 
-    fn spawn(dir: &Path, launch: &Launch) -> Result<(ChildGuard, SocketAddr, SocketAddr, Lines)> {
+    /// Spawns the proxy and waits for its ready line. With `known` addresses (a restart
+    /// on the ports of the first start), a failpoint stop line before the ready line
+    /// counts as started too: a proxy restarted with `PALISADE_FAILPOINT_STOP` serves
+    /// before it prints its ready line, so a request arriving at once (a worker's retry,
+    /// a node's announce) can stop it at the failpoint first. That line is then the first
+    /// of [`ProxyProcess::lines`].
+    fn spawn(
+        dir: &Path,
+        launch: &Launch,
+        known: Option<(SocketAddr, SocketAddr)>,
+    ) -> Result<(ChildGuard, SocketAddr, SocketAddr, Lines)> {
         static STARTS: AtomicUsize = AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, Ordering::Relaxed);
         let log = dir.join(format!("proxy-{n}.log"));
-        let ready = |line: &str| ProxyReady::parse(line).is_some();
+        let stops = known.is_some();
+        let ready = move |line: &str| {
+            ProxyReady::parse(line).is_some() || (stops && FailpointStop::parse(line).is_some())
+        };
         let (guard, line, lines) = spawn_until(launch, &log, ready, "proxy")?;
-        let ready = ProxyReady::parse(&line).ok_or_else(|| ClusterError::NotReady {
-            what: format!("proxy (unreadable ready line {line:?})"),
-            timeout_ms: 0,
-            log_tail: guard.log_tail(),
-        })?;
-        Ok((guard, ready.listen, ready.admin, Lines::new(lines)))
+        if let Some(ready) = ProxyReady::parse(&line) {
+            return Ok((guard, ready.listen, ready.admin, Lines::new(lines)));
+        }
+        match known {
+            Some((addr, admin)) if FailpointStop::parse(&line).is_some() => {
+                Ok((guard, addr, admin, Lines::with_first(line, lines)))
+            }
+            _ => Err(ClusterError::NotReady {
+                what: format!("proxy (unreadable ready line {line:?})"),
+                timeout_ms: 0,
+                log_tail: guard.log_tail(),
+            }),
+        }
     }
 
     /// `kill -9`s the proxy (if running) and starts it again on the same data directory
@@ -152,7 +172,7 @@ impl ProxyProcess {
         )
         .take(RESTART_ATTEMPTS - 1);
         let (guard, addr, admin, lines) = loop {
-            match Self::spawn(&self.dir, &launch) {
+            match Self::spawn(&self.dir, &launch, Some((self.addr, self.admin))) {
                 Ok(started) => break started,
                 // The old ports may still be held for a moment after the kill.
                 Err(ClusterError::NotReady { log_tail, .. })
