@@ -197,6 +197,9 @@ impl Fencer {
     /// Per scope with requests in flight: how many, and how many of them wait at the
     /// barrier (hold a token above the scope's lowest in flight). For the status page.
     pub(crate) fn in_flight(&self) -> Vec<(String, u64, u64)> {
+        // One `lock()` per set and count: the lock is not reentrant, and a guard that is a
+        // temporary lives to the end of its statement, so a second `lock()` there would
+        // block this thread for good, and then every request of the scope.
         let count = |set: &ScopeInflight| {
             let state = set.lock();
             let lowest = state.tokens.keys().next().copied();
@@ -207,13 +210,17 @@ impl Fencer {
                     waiting += *count as u64;
                 }
             }
-            (set.scope.to_string(), all, waiting)
+            (set.scope.to_string(), all, waiting, state.is_idle())
         };
         // `default` is listed, as the others are, only while it is busy.
-        let default = (!self.default.lock().is_idle()).then(|| count(&self.default));
+        let (scope, all, waiting, idle) = count(&self.default);
+        let default = (!idle).then_some((scope, all, waiting));
         default
             .into_iter()
-            .chain(self.inflight.iter().map(|entry| count(entry.value())))
+            .chain(self.inflight.iter().map(|entry| {
+                let (scope, all, waiting, _) = count(entry.value());
+                (scope, all, waiting)
+            }))
             .collect()
     }
 
@@ -568,6 +575,58 @@ mod tests {
         );
         // The failed request left the set: only the lower one is still in flight.
         assert_eq!(f.inflight.get("s").unwrap().lowest(), Some(1));
+    }
+
+    /// Goal: the status page's count of requests in flight answers while the default
+    /// scope is busy, and counts each scope's requests and those waiting at its barrier.
+    /// (It once locked `default` twice in one statement, the first guard a temporary
+    /// still alive, and so deadlocked its thread and then every request of the scope.)
+    /// Method: hold token 1 of `default`, and tokens 1 and 2 of `s` (2 waits at the
+    /// barrier); count on a thread of its own, within a deadline; release and count again.
+    #[tokio::test]
+    async fn in_flight_counts_a_busy_default_scope_without_deadlocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = fencer(&dir, 5000);
+        let default = f.admit(DEFAULT_SCOPE, 1).await.unwrap();
+        let low = f.admit("s", 1).await.unwrap();
+        let f2 = Arc::clone(&f);
+        let high = tokio::spawn(async move { f2.admit("s", 2).await.map(|a| a.raised) });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while f.inflight.get("s").map(|set| set.lock().tokens.len()) != Some(2) {
+            assert!(Instant::now() < deadline, "token 2 never entered the set");
+            tokio::task::yield_now().await;
+        }
+
+        let count = |f: &Arc<Fencer>| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let f = Arc::clone(f);
+            std::thread::spawn(move || {
+                let mut counted = f.in_flight();
+                counted.sort();
+                let _ = tx.send(counted);
+            });
+            rx.recv_timeout(Duration::from_secs(5))
+        };
+        let Ok(counted) = count(&f) else {
+            // The counting thread holds `default`'s lock for good: dropping the guard
+            // would block this thread too.
+            std::mem::forget(default);
+            panic!("in_flight() did not answer within 5 s with the default scope busy");
+        };
+        assert_eq!(
+            counted,
+            [(DEFAULT_SCOPE.to_owned(), 1, 0), ("s".to_owned(), 2, 1)]
+        );
+
+        drop(default);
+        drop(low);
+        let raised = tokio::time::timeout(Duration::from_secs(5), high)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(raised);
+        assert!(count(&f).unwrap().is_empty());
     }
 
     /// Waits, with a deadline, until `scope` is marked as resetting.

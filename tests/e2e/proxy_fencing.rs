@@ -476,6 +476,56 @@ async fn admin_advance_waits_for_lower_writes_in_flight() {
     assert_eq!(held.await.unwrap().status, StatusCode::OK);
 }
 
+/// Goal: the admin status (`/v1/status` and the page) answers while writes of the default
+/// scope are in flight, counts them, and the proxy goes on serving. (Counting a busy
+/// default scope once deadlocked a runtime thread on the scope's lock, and then every
+/// request of the scope and the admin API with it.) Method: hold a token-1 write of the
+/// default scope at the upstream; read the status and the page, each within 5 s; release;
+/// write again, read the status again.
+#[tokio::test]
+async fn status_answers_while_default_scope_writes_are_in_flight() {
+    crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, proxy) = proxy_with_upstream(dir.path(), "").await;
+    let admin = admin(&proxy);
+    let within = Duration::from_secs(5);
+    let held = hold_in_flight(&upstream, &proxy, "/slow", 1).await;
+
+    let status = tokio::time::timeout(within, admin.status())
+        .await
+        .expect("the status answered within 5 s with a write in flight")
+        .unwrap();
+    assert_eq!(status.barrier.in_flight, 1, "{status:?}");
+    let fence = status.fences.iter().find(|f| f.scope == DEFAULT_SCOPE);
+    assert_eq!(
+        fence.map(|f| (f.token, f.in_flight)),
+        Some((1, 1)),
+        "{status:?}"
+    );
+    let page = palisade_tests::client::try_send_within(
+        Method::GET,
+        &proxy.admin_url("/"),
+        &[],
+        "",
+        within,
+    )
+    .await
+    .expect("the status page answered within 5 s with a write in flight");
+    assert_eq!(page.status, StatusCode::OK);
+
+    upstream.release("/slow");
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    assert_eq!(
+        put(&proxy.url("/fast"), 1, "again").await.status,
+        StatusCode::OK
+    );
+    let status = tokio::time::timeout(within, admin.status())
+        .await
+        .expect("the status answered within 5 s")
+        .unwrap();
+    assert_eq!(status.barrier.in_flight, 0, "{status:?}");
+}
+
 /// Goal: a client that gives up on a write does not cancel it: the proxy keeps it in
 /// flight until the upstream answers, so a higher-token write still waits for it and the
 /// upstream applies them in token order. Method: hold a token-1 write at the upstream,
