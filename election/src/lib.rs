@@ -60,7 +60,11 @@
 //!   loop's score state).
 //! - `node`: the election loop that owns the `RawNode` and handles each `Ready` in the
 //!   order raft-rs documents, [`NodeHandle`], and the errors. Its `lease_rounds` is the
-//!   loop's side of fleet leases, its `membership` the loop's side of membership changes.
+//!   loop's side of fleet leases, its `membership` the loop's side of membership changes,
+//!   its `scopes` the loop's side of named leaderships, and its `scopes_service`
+//!   [`ScopesService`] ([`NodeHandle::scopes`]): named leaderships in process, the rules
+//!   the HTTP routes and embedding applications (the simulation) share, with their
+//!   [`ScopeError`].
 //!
 //! What runs around the loop, talking to it through its inbox and its watch channels:
 //! - `announce`: fencing the configured proxies when this node becomes established, with
@@ -71,7 +75,7 @@
 //! - `announce`'s `grants`: fence on grant, raising every announce proxy's fence to each
 //!   named scope's new token before the campaign that asked for it answers.
 //! - `api`: the HTTP API on axum, one file per concern: `/v1/leader` with long poll,
-//!   `/v1/sessions` and `/v1/scopes` (named leaderships),
+//!   `/v1/sessions` and `/v1/scopes` (named leaderships, over [`ScopesService`]),
 //!   `/v1/transfer`, `/v1/resign`, `/v1/lease` (`api`'s `lease`: fleet leases for the
 //!   `--announce` proxies), `/v1/members`, `/v1/announce`, `/metrics`, `/healthz`, the
 //!   status page at `GET /`, and the test-fault route when enabled.
@@ -80,7 +84,7 @@
 //!
 //! Beside the floors:
 //! - `deterministic`: the simulation's switch (`tests/sim`), per thread: raft-log writes
-//!   inline and a fixed election timeout.
+//!   inline, a fixed election timeout, and session ids and request numbers from a counter.
 //! - `fuzzing` (only with the `fuzzing` feature): handles on the peer frame checks, the
 //!   loop's guard and the node API's router for the fuzz targets in `tests/fuzz`.
 //!
@@ -134,8 +138,8 @@ pub use members::{
 };
 pub use node::{
     INBOX_MAX, KEY_FILE_BYTES_MAX, LEASE_GATHER_LEASE_DIVISOR, LEASE_GATHER_MS_MAX,
-    LEASE_ROUND_TIMEOUT_MS, LeaseError, NodeError, NodeHandle, TERM_ACCEPTED_MAX,
-    TRANSFER_TIMEOUT_ELECTIONS, TransferError,
+    LEASE_ROUND_TIMEOUT_MS, LeaseError, NodeError, NodeHandle, ScopeError, ScopesService,
+    TERM_ACCEPTED_MAX, TRANSFER_TIMEOUT_ELECTIONS, TransferError,
 };
 /// The wire types of the node API, defined once in `palisade_protocol` and re-exported
 /// here so embedders need not name that crate.
@@ -143,6 +147,7 @@ pub use palisade_protocol::{
     FaultSpec, Health, LeaderView, LongPoll, Problem, Role, SCOPE_BYTES_MAX, Scope,
     TransferRequest, Transferred,
 };
+pub use scopes::Refusal;
 pub use score::{
     SCORE_HOLD_MS_DEFAULT, SCORE_HOLD_MS_MAX, SCORE_LEASE_GRACE_TICKS, SCORE_MARGIN_DEFAULT,
     SCORE_ORACLE_DEFAULT, SCORE_ORACLE_OFF, SCORE_RANK_SLOT_TICKS, SCORE_SHARE_TICKS,

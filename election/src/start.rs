@@ -313,11 +313,19 @@ async fn start(
     })?;
     let (mut scopes_loop, scopes_shared) = node::ScopesLoop::new(machine);
     let (fenced_tx, fenced_rx) = watch::channel(announce::Fenced::new());
-    let scopes_api = api::ScopesApi {
+    let scopes_service = node::ScopesService::new(node::ScopesParts {
         shared: scopes_shared.clone(),
         fenced: fenced_rx,
+        leadership: leadership_rx.clone(),
+        commands: commands.clone(),
         signer: signer.clone(),
+        metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+        cluster_scope: config.scope.clone(),
         available: !config.leases_on(),
+    });
+    let scopes_api = api::ScopesApi {
+        service: scopes_service.clone(),
         forward_tls: announce_tls.clone(),
     };
     let announcer = Announcer {
@@ -462,6 +470,7 @@ async fn start(
         peer_addr,
         metrics,
         members: members_rx,
+        scopes: scopes_service,
     })
 }
 

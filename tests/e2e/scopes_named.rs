@@ -17,6 +17,8 @@ use palisade_tests::process::start_cluster;
 const ELECTION_TIMEOUT: Duration = Duration::from_secs(20);
 /// The sessions' TTL in these tests.
 const TTL_MS: u64 = 2_000;
+/// TTL of sessions that must outlive a restart of every node without keepalives.
+const RESTART_TTL_MS: u64 = 60_000;
 /// How often a kept-alive session sends a keepalive (a third of the TTL, as the clients).
 const KEEPALIVE_EVERY: Duration = Duration::from_millis(TTL_MS / 3);
 
@@ -92,6 +94,29 @@ async fn open_on_any(first: &str, urls: &[String], ttl_ms: u64) -> String {
     })
     .await;
     opened.expect("a session opened on some node")
+}
+
+/// `method path` with `body` on the leader of the moment: `first`, then every node of
+/// `urls`, until one answers anything but 503 (`not-leader`: the leader may move under
+/// load); that answer. Only for requests that may be sent twice (a campaign, a resign).
+async fn call_on_leader(
+    first: &str,
+    urls: &[String],
+    method: Method,
+    path: &str,
+    body: &serde_json::Value,
+) -> Answer {
+    let answer = palisade_cluster::wait::poll(ELECTION_TIMEOUT, || async {
+        for url in std::iter::once(first).chain(urls.iter().map(String::as_str)) {
+            let answer = call(method.clone(), &format!("{url}{path}"), body).await;
+            if answer.status != StatusCode::SERVICE_UNAVAILABLE {
+                return Some(answer);
+            }
+        }
+        None
+    })
+    .await;
+    answer.unwrap_or_else(|| panic!("no leader answered {method} {path}"))
 }
 
 /// Opens a session with `ttl_ms` on `api`, its id.
@@ -377,8 +402,11 @@ async fn sessions_survive(how: Failover) {
     let sessions: Vec<String> = kept.lock().unwrap().clone();
     let mut grants = Vec::new();
     for (n, session) in sessions.iter().take(FAILOVER_HOLDERS).enumerate() {
-        let url = format!("{api}/v1/scopes/job-{n}/campaign");
-        let grant = call(Method::POST, &url, &serde_json::json!({"session": session})).await;
+        // On whichever node leads: a campaign is idempotent (a holder gets its grant
+        // again), and the leader may move under this load.
+        let path = format!("/v1/scopes/job-{n}/campaign");
+        let body = serde_json::json!({ "session": session });
+        let grant = call_on_leader(&api, &urls, Method::POST, &path, &body).await;
         assert_eq!(grant.status, StatusCode::OK, "{:?}", grant.json());
         grants.push((session.clone(), grant.json()["token"].as_u64().unwrap()));
     }
@@ -420,12 +448,23 @@ async fn sessions_survive(how: Failover) {
         .iter()
         .map(|s| s["id"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(
-        live.len(),
-        FAILOVER_SESSIONS,
-        "every session survived the failover ({how:?})"
+    // Every kept session is live. More may be: an open whose answer was lost (leadership
+    // moved under load before it applied) is retried on another node, and the first
+    // session it made lives until its TTL runs out, kept alive by nobody.
+    let missing: Vec<&String> = sessions.iter().filter(|s| !live.contains(*s)).collect();
+    assert!(
+        missing.is_empty(),
+        "every session survived the failover ({how:?}): {} of {FAILOVER_SESSIONS} expired",
+        missing.len()
     );
-    assert_eq!(live, sessions.iter().cloned().collect());
+    if live.len() > FAILOVER_SESSIONS {
+        // Not asserted to expire here: each failover grants every session a full TTL
+        // again, and on a loaded machine further elections can follow this one.
+        eprintln!(
+            "{} sessions live beside the {FAILOVER_SESSIONS} kept: opens retried after a lost answer",
+            live.len() - FAILOVER_SESSIONS
+        );
+    }
     for (n, (session, token)) in grants.iter().enumerate() {
         let view = get_json(&format!("{new_api}/v1/scopes/job-{n}")).await;
         assert_eq!(
@@ -464,7 +503,12 @@ async fn grants_continue_above_every_earlier_token_after_all_nodes_restart() {
     let mut cluster = cluster(dir.path());
     let leader = first_announced_leader(&cluster, ELECTION_TIMEOUT).await;
     let api = api_of(&cluster, leader.node_id);
-    let (a, b) = (open(&api).await, open(&api).await);
+    // Nobody keeps these sessions alive: a TTL far above a restart of every node on a
+    // loaded machine, so that this test is about tokens, not about expiry.
+    let (a, b) = (
+        open_with(&api, RESTART_TTL_MS).await,
+        open_with(&api, RESTART_TTL_MS).await,
+    );
     let grant = call(
         Method::POST,
         &format!("{api}/v1/scopes/a/campaign"),
@@ -494,16 +538,29 @@ async fn grants_continue_above_every_earlier_token_after_all_nodes_restart() {
         (Some(a.as_str()), Some(first)),
         "the holder survived"
     );
-    let resigned = call(
+    // The leader may move again while the restarted nodes settle: both calls go to the
+    // leader of the moment (a resign sent twice answers `released: false` the second
+    // time, so what is checked is that `a` no longer holds the scope).
+    let urls = urls_of(&cluster);
+    let resigned = call_on_leader(
+        &api,
+        &urls,
         Method::POST,
-        &format!("{api}/v1/scopes/a/resign"),
+        "/v1/scopes/a/resign",
         &serde_json::json!({"session": a}),
     )
     .await;
-    assert_eq!(resigned.json()["released"], serde_json::json!(true));
-    let grant = call(
+    assert_eq!(
+        resigned.status,
+        StatusCode::OK,
+        "resign after the restart: {:?}",
+        resigned.json()
+    );
+    let grant = call_on_leader(
+        &api,
+        &urls,
         Method::POST,
-        &format!("{api}/v1/scopes/a/campaign"),
+        "/v1/scopes/a/campaign",
         &serde_json::json!({"session": b}),
     )
     .await;

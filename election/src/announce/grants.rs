@@ -17,7 +17,7 @@
 //! - An empty announce list fences every grant at once.
 //! - Every change of leadership or of the list starts over.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
@@ -28,9 +28,9 @@ use super::{Announcer, Answer, announce_one, target};
 use crate::node::Commands;
 use crate::scopes::{Machine, Op};
 
-/// Per held scope, the token every announce proxy fences it at (published by the
-/// leader's fencer; empty elsewhere).
-pub(crate) type Fenced = BTreeMap<String, u64>;
+/// Per held scope, the token every announce proxy fences it at (defined with the scopes,
+/// which the named-leaderships service reads).
+pub(crate) use crate::scopes::Fenced;
 
 /// What the fencer needs.
 pub(crate) struct GrantFencer {
@@ -69,11 +69,17 @@ pub(crate) async fn fence_grants(mut f: GrantFencer) {
             stop_all(&f, &mut inflight);
         }
         let shutdown = f.template.shutdown.clone();
+        // Biased (in the order written) rather than tokio's random pick, so that the
+        // simulation replays a seed. The watches are read at the top of each turn, so a
+        // watch branch fires only for a change made since; the rounds' ends come before
+        // the machine's changes, which a busy cluster makes all the time.
         tokio::select! {
+            biased;
             () = shutdown.cancelled() => {
                 stop_all(&f, &mut inflight);
                 return;
             }
+            Some(done) = done_rx.recv() => on_done(&f, &mut inflight, done),
             changed = leadership.changed() => {
                 if changed.is_err() { return; }
                 // A new term or a lost one: everything is announced again.
@@ -86,7 +92,6 @@ pub(crate) async fn fence_grants(mut f: GrantFencer) {
             changed = f.machine.changed() => {
                 if changed.is_err() { return; }
             }
-            Some(done) = done_rx.recv() => on_done(&f, &mut inflight, done),
         }
     }
 }

@@ -214,6 +214,7 @@ pub struct NodeHandle {
     pub(crate) peer_addr: Option<SocketAddr>,
     pub(crate) metrics: NodeMetrics,
     pub(crate) members: watch::Receiver<MemberList>,
+    pub(crate) scopes: super::ScopesService,
 }
 
 impl std::fmt::Debug for NodeHandle {
@@ -259,6 +260,13 @@ impl NodeHandle {
     /// answers the same); it changes after each membership change or installed snapshot.
     pub fn members(&self) -> watch::Receiver<MemberList> {
         self.members.clone()
+    }
+
+    /// Named leaderships on this node, in process: open and keep alive sessions, campaign
+    /// for and resign scopes, read who holds one; the same service the node API's
+    /// `/v1/sessions` and `/v1/scopes` routes call (see [`super::ScopesService`]).
+    pub fn scopes(&self) -> super::ScopesService {
+        self.scopes.clone()
     }
 
     /// Adds member `id` at peer address `peer` (`HOST:PORT`) as a learner, and waits until

@@ -36,6 +36,9 @@
 //!   learners that caught up, leaving a joint configuration, and checking the changes
 //!   followers forward.
 //! - `guard`: the last check of every peer message before `step` (defence in depth).
+//! - `scopes_service`: [`ScopesService`], named leaderships in process: what the HTTP
+//!   routes and an embedding application share (the loop's side is `scopes`), and
+//!   `scope_error`, its [`ScopeError`].
 //! - `signer`: loading `--token-key` and `--announce-token-file`, and signing proofs.
 
 mod error;
@@ -47,7 +50,9 @@ mod membership;
 mod promote;
 mod publish;
 mod ready;
+mod scope_error;
 mod scopes;
+mod scopes_service;
 mod setup;
 mod signer;
 mod transfer;
@@ -60,7 +65,10 @@ pub use inbox::INBOX_MAX;
 #[cfg(test)]
 pub(crate) use inbox::Msg;
 pub use lease_rounds::{LEASE_GATHER_LEASE_DIVISOR, LEASE_GATHER_MS_MAX, LEASE_ROUND_TIMEOUT_MS};
-pub(crate) use scopes::{ScopeCallError, ScopesLoop, ScopesShared};
+pub use scope_error::ScopeError;
+pub(crate) use scopes::{ScopeCallError, ScopesLoop};
+pub(crate) use scopes_service::ScopesParts;
+pub use scopes_service::ScopesService;
 pub use setup::TRANSFER_TIMEOUT_ELECTIONS;
 pub(crate) use setup::{LoopParts, spawn};
 pub use signer::KEY_FILE_BYTES_MAX;

@@ -2,7 +2,7 @@
 //! applying committed ones to the machine (and storing it), the leader's expiries, and
 //! answering every waiting request, also when leadership is lost.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use raft::StateRole;
@@ -47,8 +47,9 @@ pub(crate) struct ScopesLoop {
     pub(super) machine: Machine,
     pub(super) tx: watch::Sender<Arc<Machine>>,
     pub(super) lessor: Arc<Mutex<Lessor>>,
-    /// Requests waiting for their entry, by request number.
-    pub(super) pending: HashMap<u64, ScopeReply>,
+    /// Requests waiting for their entry, by request number. Ordered, so that failing them
+    /// all wakes their callers in one order (the simulation replays it).
+    pub(super) pending: BTreeMap<u64, ScopeReply>,
     /// Whether the machine changed since it was last stored.
     pub(super) dirty: bool,
     /// Outcomes applied in this batch, answered once the machine is stored and published
@@ -72,7 +73,7 @@ impl ScopesLoop {
             machine,
             tx,
             lessor,
-            pending: HashMap::new(),
+            pending: BTreeMap::new(),
             dirty: false,
             answers: Vec::new(),
             own_api: None,
@@ -102,8 +103,11 @@ impl ElectionLoop {
             }));
             return;
         }
+        // Random, so that a request of a deposed leader whose entry commits later never
+        // answers another node's request of the same number; in deterministic mode the
+        // thread's counter, unique across the simulation's nodes.
         let req = loop {
-            let req = rand::random::<u64>();
+            let req = crate::deterministic::next_id().unwrap_or_else(rand::random::<u64>);
             if req != 0 && !self.scopes.pending.contains_key(&req) {
                 break req;
             }
@@ -230,7 +234,7 @@ impl ElectionLoop {
 
     /// Answers every waiting request with `err` (leadership lost, or the node stops).
     pub(super) fn fail_scope_requests(&mut self, err: &ScopeCallError) {
-        for (_, reply) in self.scopes.pending.drain() {
+        for (_, reply) in std::mem::take(&mut self.scopes.pending) {
             let _ = reply.send(Err(err.clone()));
         }
     }

@@ -70,9 +70,9 @@ impl ScopeEntry {
     }
 }
 
-/// Why an entry changed nothing.
+/// Why a named-leaderships change was applied and changed nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// No live session has that id.
     UnknownSession,
     /// An open with an id already in use (ids are random: a retried proposal).

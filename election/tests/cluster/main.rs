@@ -18,6 +18,7 @@ mod lease;
 mod members;
 mod members_safety;
 mod proof;
+mod scopes;
 mod scores;
 mod tcp;
 mod tls;

@@ -2,16 +2,18 @@
 //! started, crashed and restarted on their durable state, watched, partitioned, asked to
 //! hand leadership over, and changed in membership.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use palisade_election::{Leadership, MemNetwork, Node, NodeConfig, NodeHandle, StartOptions};
+use palisade_election::{
+    Leadership, MemNetwork, Node, NodeConfig, NodeHandle, ScopesService, StartOptions,
+};
 use palisade_protocol::MemberList;
 use redb::backends::InMemoryBackend;
 
-use crate::knobs::{ELECTION_TICKS_RANGE, HEARTBEAT_TICKS, JOIN_ID_FIRST, TICK_MS};
-use crate::sim::Sim;
+use crate::knobs::{ELECTION_TICKS_RANGE, HEARTBEAT_TICKS, JOIN_ID_FIRST, NAMED_SCOPES, TICK_MS};
+use crate::sim::{SCOPE, Sim};
 use crate::world::{World, lock};
 
 /// Longest the simulation waits on a node's own operation (a transfer, a membership
@@ -183,12 +185,13 @@ impl Sim {
         match Node::start_in_memory_with(config, db, &self.cluster.net, options).await {
             Ok(node) => {
                 let rx = node.leadership();
+                let scopes = node.scopes();
                 if let Some(slot) = lock(&self.cluster.slots).get_mut(&id) {
                     slot.node = Some(Arc::new(node));
                 }
                 self.world
                     .log(&format!("node {id} started (#{incarnation})"));
-                tokio::spawn(Arc::clone(self).watch(id, rx));
+                tokio::spawn(Arc::clone(self).watch(id, rx, scopes));
             }
             Err(err) => {
                 if let Some(slot) = lock(&self.cluster.slots).get_mut(&id) {
@@ -237,9 +240,24 @@ impl Sim {
     }
 
     /// Follows one run of node `id`: logs each change of its leadership, checks that no
-    /// two nodes hold one token, and announces each new token to the proxies.
-    async fn watch(self: Arc<Self>, id: u64, mut rx: tokio::sync::watch::Receiver<Leadership>) {
+    /// two nodes hold one token, and announces each new token to the proxies; and, while
+    /// it is the established leader, announces each named scope's grant it applies (the
+    /// modelled announcer: the node's own fencer, with an empty announce list, marks
+    /// every grant fenced at once), every held grant again in a new term, as the fencer
+    /// starts over.
+    ///
+    /// One task for both watches: tokio wakes the waiters of one watch channel in a
+    /// random order, so two tasks of the simulation waiting on one channel would not
+    /// replay.
+    async fn watch(
+        self: Arc<Self>,
+        id: u64,
+        mut rx: tokio::sync::watch::Receiver<Leadership>,
+        mut scopes: ScopesService,
+    ) {
         let mut last = None;
+        let mut announced: BTreeSet<(&'static str, u64)> = BTreeSet::new();
+        let mut term = None;
         loop {
             let l = *rx.borrow_and_update();
             let now = (l.term, l.role, l.leader_id, l.token);
@@ -253,11 +271,30 @@ impl Sim {
                     && self.world.check_holder(token, id)
                 {
                     self.world.stats().tokens += 1;
-                    self.announce(id, token);
+                    self.announce(id, SCOPE, token);
                 }
             }
-            if rx.changed().await.is_err() {
-                return;
+            if l.established != term {
+                term = l.established;
+                announced.clear();
+            }
+            if l.established.is_some() {
+                for view in scopes.held().unwrap_or_default() {
+                    let scope = NAMED_SCOPES.into_iter().find(|s| *s == view.scope);
+                    if let (Some(scope), Some(token)) = (scope, view.token)
+                        && announced.insert((scope, token))
+                    {
+                        self.world
+                            .log(&format!("node {id} announces {scope} token {token}"));
+                        self.announce(id, scope, token);
+                    }
+                }
+            }
+            // Biased: tokio's random pick between ready branches would differ per run.
+            tokio::select! {
+                biased;
+                changed = rx.changed() => if changed.is_err() { return },
+                changed = scopes.changed() => if changed.is_err() { return },
             }
         }
     }

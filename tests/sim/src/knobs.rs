@@ -77,3 +77,42 @@ pub const JOIN_ID_FIRST: u64 = 100;
 pub const MEMBERS_MAX: usize = 5;
 /// Probability that a membership change removes a member (when it may) rather than adds.
 pub const REMOVE_P: f64 = 0.5;
+
+/// The named scopes the holders campaign for: fewer than the holders, so that they
+/// contend.
+pub const NAMED_SCOPES: [&str; 3] = ["billing", "ledger", "payroll"];
+/// Clients of named leaderships (sessions, campaigns, grants), not raft members: twice
+/// the scopes, so that campaigns queue (with four, a client trusting its session 1.5 times
+/// too long went unnoticed in 10 seeds; with six, seed 0 caught it).
+pub const HOLDERS: u64 = 6;
+/// A session's TTL, drawn per session (the smallest the cluster accepts is 1,000 ms).
+pub const SESSION_TTL_MS: (u64, u64) = (1_000, 3_001);
+/// The clock-rate drift bound of the clients' loss rule, in parts per million: a client
+/// trusts its session `ttl × (1 − drift)` after it sent its last answered keepalive
+/// (`palisade_protocol::scopes::session_trusted_until`), with the node's default bound.
+pub const DRIFT_PPM: u64 = palisade_election::LEASE_DRIFT_PPM_DEFAULT;
+/// Keepalives are sent every TTL divided by this, as the clients do.
+pub const KEEPALIVE_DIVISOR: u64 = 3;
+/// After a keepalive that got no answer (not the leader, a lost leadership, a node
+/// down), the next is tried after this, drawn.
+pub const KEEPALIVE_RETRY_MS: (u64, u64) = (20, 120);
+/// How often a holder looks for the answer to its call (see `holders`' `call`).
+pub const CALL_POLL_MS: u64 = 5;
+/// A campaign's timeout, drawn per campaign.
+pub const CAMPAIGN_TIMEOUT_MS: (u64, u64) = (300, 8_000);
+/// Campaigns tried (after not-leader, a lost leadership or fence-pending answers) before
+/// the holder gives the session up.
+pub const CAMPAIGN_TRIES: u64 = 4;
+/// Writes a holder sends with one grant, drawn.
+pub const HOLD_WRITES: (u64, u64) = (1, 12);
+/// Pause between a holder's sessions, drawn.
+pub const HOLDER_THINK_MS: (u64, u64) = (0, 300);
+/// Probability that a holder pauses (a GC pause of the whole client: its keepalives
+/// stop too) between checking its trust and sending a write.
+pub const HOLDER_PAUSE_P: f64 = 0.06;
+/// That pause's length, drawn: often longer than the session's TTL.
+pub const HOLDER_PAUSE_MS: (u64, u64) = (200, 4_500);
+/// How a holder ends its hold, by weight: resign (then revoke or let the session lapse),
+/// revoke the session, or stop keeping it alive and let it expire while it still
+/// believes it holds the scope until its trust ends.
+pub const RELEASE_WEIGHTS: (u64, u64, u64) = (4, 3, 3);

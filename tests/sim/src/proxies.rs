@@ -18,6 +18,7 @@ use redb::backends::InMemoryBackend;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+use crate::knobs::NAMED_SCOPES;
 use crate::knobs::{
     ANNOUNCE_DELAY_MS, ANNOUNCE_LOSS_P, BARRIER_TIMEOUT_MS, HOP_DELAY_MS, HOP_STALL_MS,
     HOP_STALL_P, PROXY_COUNT, SCOPES_MAX,
@@ -87,14 +88,22 @@ impl Proxies {
         lock(&self.proxies[p as usize]).fences.clone()
     }
 
-    /// Checks the fence of the simulated scope at every running proxy.
+    /// Checks the fence of every simulated scope (the cluster's and the named ones) at
+    /// every running proxy.
     pub fn check_fences(&self, world: &World, when: &str) {
         for p in self.ids() {
             if let Some(fences) = self.fences(p) {
-                world.check_fence(p, SCOPE, fences.register().current(SCOPE), when);
+                for scope in scopes() {
+                    world.check_fence(p, scope, fences.register().current(scope), when);
+                }
             }
         }
     }
+}
+
+/// Every scope the simulation writes in: the cluster's own, then the named ones.
+pub fn scopes() -> impl Iterator<Item = &'static str> {
+    std::iter::once(SCOPE).chain(NAMED_SCOPES)
 }
 
 /// A drawn hop delay: usually short, sometimes stalled.
@@ -120,13 +129,17 @@ impl Sim {
         }
         match open(&proxy.db) {
             Ok(fences) => {
-                let fence = fences.register().current(SCOPE);
+                let read: Vec<(&str, u64)> = scopes()
+                    .map(|scope| (scope, fences.register().current(scope)))
+                    .collect();
                 proxy.fences = Some(fences);
                 drop(proxy);
                 self.world
-                    .log(&format!("proxy p{p} started, fence {fence}"));
-                self.world
-                    .check_fence(p, SCOPE, fence, "read back at start");
+                    .log(&format!("proxy p{p} started, fences {read:?}"));
+                for (scope, fence) in read {
+                    self.world
+                        .check_fence(p, scope, fence, "read back at start");
+                }
             }
             Err(err) => {
                 drop(proxy);
@@ -159,14 +172,20 @@ impl Sim {
         true
     }
 
-    /// Sends worker `worker`'s write number `seq` with `token` to proxy `p`, and waits
-    /// for its answer: admission, the hop to the storage, the apply, the hop back.
-    pub async fn write(self: &Arc<Self>, p: u64, token: u64, worker: u64, seq: u64) -> Answer {
+    /// Sends the write `what` with `token` of `scope` to proxy `p`, and waits for its
+    /// answer: admission, the hop to the storage, the apply, the hop back.
+    pub async fn write(
+        self: &Arc<Self>,
+        p: u64,
+        scope: &'static str,
+        token: u64,
+        what: String,
+    ) -> Answer {
         let (tx, rx) = oneshot::channel();
         let sim = Arc::clone(self);
         let sent = self.spawn_at(p, move |fences| {
             Box::pin(async move {
-                let answer = sim.admit_and_forward(&fences, p, token, worker, seq).await;
+                let answer = sim.admit_and_forward(&fences, p, scope, token, &what).await;
                 let _ = tx.send(answer);
             })
         });
@@ -181,48 +200,56 @@ impl Sim {
         &self,
         fences: &Fences,
         p: u64,
+        scope: &str,
         token: u64,
-        worker: u64,
-        seq: u64,
+        what: &str,
     ) -> Answer {
-        let what = format!("w{worker}#{seq}");
-        let admitted = match fences.admit(SCOPE, token).await {
+        let admitted = match fences.admit(scope, token).await {
             Ok(admitted) => admitted,
             Err(err) => {
                 self.world.log(&format!(
-                    "p{p} refused {what} token {token}: {}",
+                    "p{p} refused {what} token {token} of {scope}: {}",
                     refusal(&err)
                 ));
                 self.world
-                    .check_fence(p, SCOPE, fences.register().current(SCOPE), "after refusal");
+                    .check_fence(p, scope, fences.register().current(scope), "after refusal");
                 return Answer::Refused(err.status().as_u16());
             }
         };
-        let fence = fences.register().current(SCOPE);
+        let fence = fences.register().current(scope);
         self.world.log(&format!(
-            "p{p} admitted {what} token {token} (fence {fence}, raised {})",
+            "p{p} admitted {what} token {token} of {scope} (fence {fence}, raised {})",
             admitted.raised
         ));
-        self.world.check_fence(p, SCOPE, fence, "after admission");
+        self.world.check_fence(p, scope, fence, "after admission");
         sleep_ms(hop_ms(&self.world)).await;
         // The storage applies the write as it arrives.
-        self.world.check_apply(p, SCOPE, token, &what);
-        self.world.stats().applied += 1;
-        self.world
-            .log(&format!("storage of p{p} applied {what} token {token}"));
+        self.world.check_apply(p, scope, token, what);
+        {
+            let mut stats = self.world.stats();
+            if scope == SCOPE {
+                stats.applied += 1;
+            } else {
+                stats.named_applied += 1;
+            }
+        }
+        self.world.log(&format!(
+            "storage of p{p} applied {what} token {token} of {scope}"
+        ));
         sleep_ms(hop_ms(&self.world)).await;
         drop(admitted);
         Answer::Applied
     }
 
-    /// The announcer's part, modelled: node `node`'s new `token` is posted to every
-    /// proxy's admin API (an advance, admitted like a write), each after a drawn delay,
-    /// some lost on the way.
-    pub fn announce(self: &Arc<Self>, node: u64, token: u64) {
+    /// The announcer's part, modelled: node `node`'s new `token` of `scope` (a term of
+    /// the cluster's scope, or a named scope's grant) is posted to every proxy's admin API
+    /// (an advance, admitted like a write), each after a drawn delay, some lost on the way.
+    pub fn announce(self: &Arc<Self>, node: u64, scope: &'static str, token: u64) {
         for p in self.proxies.ids() {
             if self.world.dice.chance(ANNOUNCE_LOSS_P) {
-                self.world
-                    .log(&format!("announce of {token} by node {node} to p{p} lost"));
+                self.world.log(&format!(
+                    "announce of {scope} {token} by node {node} to p{p} lost"
+                ));
                 continue;
             }
             let delay = self.world.dice.draw(ANNOUNCE_DELAY_MS);
@@ -232,17 +259,17 @@ impl Sim {
                 let sim2 = Arc::clone(&sim);
                 sim.spawn_at(p, move |fences| {
                     Box::pin(async move {
-                        let outcome = match fences.admit(SCOPE, token).await {
+                        let outcome = match fences.admit(scope, token).await {
                             Ok(a) => format!("advanced (raised {})", a.raised),
                             Err(err) => refusal(&err),
                         };
                         sim2.world.log(&format!(
-                            "p{p} announce of {token} by node {node}: {outcome}"
+                            "p{p} announce of {scope} {token} by node {node}: {outcome}"
                         ));
                         sim2.world.check_fence(
                             p,
-                            SCOPE,
-                            fences.register().current(SCOPE),
+                            scope,
+                            fences.register().current(scope),
                             "after announce",
                         );
                     })

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cluster::Cluster;
-use crate::knobs::{CHECK_PERIOD_MS, NODE_COUNTS, SETTLE_MS, WORKERS_PER_NODE};
+use crate::knobs::{CHECK_PERIOD_MS, HOLDERS, NODE_COUNTS, SETTLE_MS, WORKERS_PER_NODE};
 use crate::proxies::Proxies;
 use crate::world::{Stats, World};
 
@@ -78,10 +78,14 @@ async fn run(seed: u64, print_steps: bool) -> Outcome {
     for w in 0..nodes * WORKERS_PER_NODE {
         tokio::spawn(Arc::clone(&sim).worker(w));
     }
+    for h in 0..HOLDERS {
+        tokio::spawn(Arc::clone(&sim).holder(h));
+    }
     tokio::spawn(Arc::clone(&sim).checker());
     sim.chaos().await;
     tokio::time::sleep(Duration::from_millis(SETTLE_MS)).await;
     sim.proxies.check_fences(&sim.world, "at the end");
+    sim.world.check_named_holders("at the end");
     let holders = sim.cluster.token_holders();
     sim.world.log(&format!("end: token holders {holders:?}"));
     let trace = sim.world.trace();
@@ -97,13 +101,15 @@ async fn run(seed: u64, print_steps: bool) -> Outcome {
 }
 
 impl Sim {
-    /// Every [`CHECK_PERIOD_MS`], checks every running proxy's fence.
+    /// Every [`CHECK_PERIOD_MS`], checks every running proxy's fences and that no named
+    /// scope has two holders.
     async fn checker(self: Arc<Self>) {
         let mut every = tokio::time::interval(Duration::from_millis(CHECK_PERIOD_MS));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
             self.proxies.check_fences(&self.world, "periodic check");
+            self.world.check_named_holders("periodic check");
         }
     }
 }

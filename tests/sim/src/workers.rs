@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::knobs::{HOP_DELAY_MS, STALE_PAUSE_MS, STALE_PAUSE_P, THINK_MS, TOKEN_CACHE_P};
 use crate::proxies::Answer;
-use crate::sim::Sim;
+use crate::sim::{SCOPE, Sim};
 
 /// HTTP 409: the proxy's answer to a token below its fence.
 const CONFLICT: u16 = 409;
@@ -58,7 +58,7 @@ impl Sim {
             self.world
                 .log(&format!("w{w}#{seq} sends token {token} to p{p}"));
             self.world.sleep_drawn(HOP_DELAY_MS).await;
-            let answer = self.write(p, token, w, seq).await;
+            let answer = self.write(p, SCOPE, token, format!("w{w}#{seq}")).await;
             self.world.log(&format!("w{w}#{seq} answered {answer:?}"));
             match answer {
                 Answer::Applied => {}

@@ -1,7 +1,7 @@
 //! What every simulated actor shares: the seeded dice, the virtual clock, the trace, and
 //! the invariants' memory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -97,6 +97,28 @@ pub struct Memory {
     pub fence_max: BTreeMap<(u64, String), u64>,
     /// Per token of the cluster's scope: the node that held it.
     pub holders: BTreeMap<u64, u64>,
+    /// Per session id of named leaderships: what its client believes (see
+    /// [`ClientView`]). A session leaves once its client knows it is lost or its trust
+    /// ended.
+    pub sessions: BTreeMap<String, ClientView>,
+    /// Per named scope: the last grant a client received while it trusted its session,
+    /// as `(token, session)`.
+    pub last_grant: BTreeMap<String, (u64, String)>,
+    /// Double holds already reported (scope and the two sessions), so that one overlap is
+    /// one violation rather than one per check.
+    pub reported: BTreeSet<(String, String, String)>,
+}
+
+/// What a named-leaderships client believes about one of its sessions.
+#[derive(Debug, Clone)]
+pub struct ClientView {
+    /// The holder (client) that opened it.
+    pub holder: u64,
+    /// The end of its trust, in virtual microseconds: the send time of its last answered
+    /// keepalive (or of its open) plus the TTL less the drift bound.
+    pub trusted_until_us: u64,
+    /// The grant it holds and uses: scope and token.
+    pub grant: Option<(String, u64)>,
 }
 
 /// Counts for the run's summary line.
@@ -112,6 +134,19 @@ pub struct Stats {
     pub tokens: u64,
     /// Faults injected.
     pub faults: u64,
+    /// Named leaderships: sessions opened.
+    pub sessions: u64,
+    /// Named leaderships: sessions lost while their holder kept them alive (404 on a
+    /// keepalive: expired by the leader) or whose trust ran out first.
+    pub sessions_lost: u64,
+    /// Named leaderships: grants received while the session was trusted.
+    pub grants: u64,
+    /// Named leaderships: campaigns that timed out waiting (409 `campaign-timeout`).
+    pub campaign_timeouts: u64,
+    /// Named leaderships: writes the storages applied.
+    pub named_applied: u64,
+    /// Named leaderships: writes a proxy refused as stale (409).
+    pub named_stale: u64,
 }
 
 /// The world of one run.
@@ -132,6 +167,16 @@ impl World {
             memory: Mutex::new(Memory::default()),
             stats: Mutex::new(Stats::default()),
         }
+    }
+
+    /// Virtual microseconds since the run began.
+    pub fn now_us(&self) -> u64 {
+        self.us_at(Instant::now())
+    }
+
+    /// Virtual microseconds from the run's start to `at`.
+    pub fn us_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.start).as_micros()).unwrap_or(u64::MAX)
     }
 
     /// Virtual milliseconds since the run began.
@@ -222,6 +267,130 @@ impl World {
                 memory.holders.insert(token, node);
                 true
             }
+        }
+    }
+}
+
+/// The invariants of named leaderships, on what the clients believe.
+impl World {
+    /// Holder `holder` opened `session`, which it trusts until `trusted_until_us`.
+    pub fn session_opened(&self, session: &str, holder: u64, trusted_until_us: u64) {
+        lock(&self.memory).sessions.insert(
+            session.to_owned(),
+            ClientView {
+                holder,
+                trusted_until_us,
+                grant: None,
+            },
+        );
+        self.stats().sessions += 1;
+    }
+
+    /// An answered keepalive of `session` extends its trust to `until_us`; then checks
+    /// that no scope has two holders.
+    pub fn session_trusted(&self, session: &str, until_us: u64) {
+        if let Some(view) = lock(&self.memory).sessions.get_mut(session) {
+            view.trusted_until_us = view.trusted_until_us.max(until_us);
+        }
+        self.check_named_holders("after a keepalive");
+    }
+
+    /// Whether the client still trusts `session` now.
+    pub fn trusts(&self, session: &str) -> bool {
+        let now = self.now_us();
+        lock(&self.memory)
+            .sessions
+            .get(session)
+            .is_some_and(|v| now < v.trusted_until_us)
+    }
+
+    /// The client knows `session` is lost or gave it up: it no longer believes anything
+    /// of it.
+    pub fn session_ended(&self, session: &str) {
+        lock(&self.memory).sessions.remove(session);
+    }
+
+    /// The client of `session` stops using its grant (before it resigns, revokes, or
+    /// once a proxy refused it as stale).
+    pub fn grant_released(&self, session: &str) {
+        if let Some(view) = lock(&self.memory).sessions.get_mut(session) {
+            view.grant = None;
+        }
+    }
+
+    /// The client of `session` received a grant of `scope` with `token`. Used only while
+    /// it trusts the session (answers whether it does). Invariants: per scope, the grants
+    /// received rise (a session granted again may get its own token again); and no other
+    /// session's client trusts a grant of the scope now.
+    pub fn grant_received(&self, session: &str, scope: &str, token: u64) -> bool {
+        let now = self.now_us();
+        let mut memory = lock(&self.memory);
+        let Some(view) = memory.sessions.get_mut(session) else {
+            return false;
+        };
+        if now >= view.trusted_until_us {
+            return false;
+        }
+        view.grant = Some((scope.to_owned(), token));
+        let last = memory
+            .last_grant
+            .insert(scope.to_owned(), (token, session.to_owned()));
+        drop(memory);
+        self.stats().grants += 1;
+        if let Some((before, by)) = last
+            && (token < before || (token == before && by != session))
+        {
+            self.violation(&format!(
+                "grant of {scope} with token {token} to session {session} after token \
+                 {before} to session {by}"
+            ));
+        }
+        self.check_named_holders("at a grant");
+        true
+    }
+
+    /// Invariant: at most one holder per named scope: no two sessions' clients trust a
+    /// grant of one scope at once. Sessions whose trust ended are forgotten.
+    pub fn check_named_holders(&self, when: &str) {
+        let now = self.now_us();
+        let mut memory = lock(&self.memory);
+        memory.sessions.retain(|_, v| now < v.trusted_until_us);
+        let mut by_scope: BTreeMap<&str, Vec<(&str, &ClientView)>> = BTreeMap::new();
+        for (id, view) in &memory.sessions {
+            if let Some((scope, _)) = &view.grant {
+                by_scope.entry(scope).or_default().push((id, view));
+            }
+        }
+        let mut found = Vec::new();
+        for (scope, holders) in by_scope {
+            for (i, (a, va)) in holders.iter().enumerate() {
+                for (b, vb) in &holders[i + 1..] {
+                    found.push((
+                        scope.to_owned(),
+                        (*a).to_owned(),
+                        (*b).to_owned(),
+                        format!(
+                            "scope {scope} held at once by session {a} of h{} (token {:?}, \
+                         trusted until {} us) and session {b} of h{} (token {:?}, trusted \
+                         until {} us) ({when})",
+                            va.holder,
+                            va.grant.as_ref().map(|g| g.1),
+                            va.trusted_until_us,
+                            vb.holder,
+                            vb.grant.as_ref().map(|g| g.1),
+                            vb.trusted_until_us,
+                        ),
+                    ));
+                }
+            }
+        }
+        let fresh: Vec<String> = found
+            .into_iter()
+            .filter_map(|(scope, a, b, what)| memory.reported.insert((scope, a, b)).then_some(what))
+            .collect();
+        drop(memory);
+        for what in fresh {
+            self.violation(&what);
         }
     }
 }

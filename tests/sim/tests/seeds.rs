@@ -78,9 +78,10 @@ fn run_seeds(count: u64) -> Vec<Outcome> {
     outcomes
 }
 
-/// Goal: no seed breaks an invariant (per scope the storage never applies a lower token
-/// after a higher one; a fence never moves back nor below an applied token; one holder per
-/// token). Method: with `PALISADE_SIM_SEED` set, run that seed alone and print its trace
+/// Goal: no seed breaks an invariant (per scope, named ones included, the storage never
+/// applies a lower token after a higher one; a fence never moves back nor below an applied
+/// token; one holder per token of the cluster's scope; at most one client trusts a grant
+/// of a named scope at a time, and each named scope's grants rise). Method: with `PALISADE_SIM_SEED` set, run that seed alone and print its trace
 /// digest (and, with `PALISADE_SIM_TRACE` set, every step); else run `PALISADE_SIM_SEEDS` seeds (default 20) across the cores; print
 /// `seeds: N, violations: V` last and fail, naming the seeds, if V > 0.
 #[test]
@@ -112,9 +113,18 @@ fn seeds_keep_every_invariant() {
     let stale: u64 = outcomes.iter().map(|o| o.stats.stale).sum();
     let tokens: u64 = outcomes.iter().map(|o| o.stats.tokens).sum();
     let faults: u64 = outcomes.iter().map(|o| o.stats.faults).sum();
+    let sum = |f: fn(&Outcome) -> u64| outcomes.iter().map(f).sum::<u64>();
+    let sessions = sum(|o| o.stats.sessions);
+    let lost = sum(|o| o.stats.sessions_lost);
+    let grants = sum(|o| o.stats.grants);
+    let timeouts = sum(|o| o.stats.campaign_timeouts);
+    let named_applied = sum(|o| o.stats.named_applied);
+    let named_stale = sum(|o| o.stats.named_stale);
     println!(
         "{} seeds in {:.1} s ({:.2} seeds/s): {faults} faults, {tokens} tokens, \
-         {applied} writes applied, {stale} refused as stale",
+         {applied} writes applied, {stale} refused as stale; named leaderships: \
+         {sessions} sessions ({lost} lost), {grants} grants, {timeouts} campaign timeouts, \
+         {named_applied} writes applied, {named_stale} refused as stale",
         outcomes.len(),
         elapsed.as_secs_f64(),
         f64::from(u32::try_from(outcomes.len()).unwrap_or(u32::MAX))
