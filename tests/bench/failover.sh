@@ -8,6 +8,11 @@
 # pauses the leader with SIGSTOP and times, from the signal:
 #   palisade (`palisade bench failover`): a new leader is elected; its token is at the
 #            proxy (GET /v1/fences/default rose: the paused leader's writes are refused);
+#            a write with the new token is accepted at the proxy (a client following the
+#            nodes' GET /v1/leader long polls PUTs as soon as one reports a new token), and
+#            from the nodes' logs where the time went: detection (until a node campaigns),
+#            election (until it leads), establishment (until it holds the token) and the
+#            announce (until every proxy acknowledged the term);
 #   etcd (tests/bench/etcd_failover.py): another member reports a new leader; a put
 #            through another member commits in the new term.
 # Then SIGCONT, let the cluster settle, repeat. Blocks of trials alternate between the two
@@ -102,15 +107,35 @@ print("| moment (from SIGSTOP) | trials | median ms | min ms | max ms |")
 print("|---|---|---|---|---|")
 lines = [row("palisade: new leader elected", (t["elected_ms"] for t in pal)),
          row("palisade: new token at the proxy", (t["announced_ms"] for t in pal)),
+         row("palisade: a write with the new token accepted", (t.get("accepted_ms") for t in pal)),
          row("etcd: new leader elected", (t["elected_ms"] for t in etcd)),
          row("etcd: first write in the new term", (t["first_write_ms"] for t in etcd))]
 for text, _ in lines:
     print(text)
-(_, pe), (_, pa), (_, ee), (_, ew) = lines
+(_, pe), (_, pa), (_, pw), (_, ee), (_, ew) = lines
 if None not in (pe, pa, ee, ew):
     print(f"\nratios of medians: elected palisade/etcd {pe / ee:.2f}; "
           f"token at the proxy / etcd first write {pa / ew:.2f}")
+    if pw is not None:
+        print(f"ratio of medians: a write with the new token accepted / etcd first write {pw / ew:.2f}")
     pmax = max(t["announced_ms"] for t in pal if t["announced_ms"] is not None)
     emax = max(t["first_write_ms"] for t in etcd if t["first_write_ms"] is not None)
     print(f"ratio of maxima: token at the proxy / etcd first write {pmax / emax:.2f}")
+# Where palisade's time went, per trial from the nodes' logs (absent with pole_eval.py).
+steps = [t["log"] for t in pal if isinstance(t.get("log"), dict)]
+def step(name, end, start=None):
+    v = [s[end] - (s[start] if start else 0) for s in steps
+         if s.get(end) is not None and (start is None or s.get(start) is not None)]
+    return row(name, v)[0]
+if steps:
+    print("\n| palisade step (from the nodes' logs) | trials | median ms | min ms | max ms |")
+    print("|---|---|---|---|---|")
+    print(step("detection: SIGSTOP to the first campaign", "campaign_ms"))
+    print(step("election: campaign to leader", "leader_ms", "campaign_ms"))
+    print(step("establishment: leader to token held", "established_ms", "leader_ms"))
+    print(step("announce: token held to every proxy acknowledged", "announced_ms", "established_ms"))
+    acc = [(t["accepted_ms"] - t["log"]["established_ms"]) for t in pal
+           if t.get("accepted_ms") is not None and isinstance(t.get("log"), dict)
+           and t["log"].get("established_ms") is not None]
+    print(row("client: token held to a write accepted", acc)[0])
 EOF

@@ -151,7 +151,13 @@ EOF
 # start_upstream PORT [CPUS]: nginx answering 200 "ok" to everything, one worker.
 start_upstream() {
   local port="$1" cpus="${2:-}" conf="$BENCH_WORK/upstream-$1.conf"
-  nginx_conf "$conf" 1 "    server { listen 127.0.0.1:$port; location / { return 200 \"ok\\n\"; } }"
+  # GETs under /get/ are answered 1 KiB, as a read of a small object would be; every
+  # other request, a short "ok". UPSTREAM_WORKERS (1) sets its worker processes.
+  local kib
+  kib="$(head -c 1024 /dev/zero | tr '\0' 'r')"
+  nginx_conf "$conf" "${UPSTREAM_WORKERS:-1}" "    server { listen 127.0.0.1:$port;
+        location /get/ { return 200 \"$kib\"; }
+        location / { return 200 \"ok\\n\"; } }"
   if [ -n "$cpus" ]; then
     spawn "upstream-$port" taskset -c "$cpus" nginx -c "$conf" -p "$BENCH_WORK"
   else
@@ -190,6 +196,34 @@ nginx_proxy_conf() {
             proxy_set_header Connection \"\";
         }
     }"
+}
+
+# start_haproxy PORT UPSTREAM_PORT THREADS [CPUS]: HAProxy in HTTP mode with THREADS
+# threads, reusing its connections to the upstream (`http-reuse always`).
+start_haproxy() {
+  local port="$1" up="$2" threads="$3" cpus="${4:-}" conf="$BENCH_WORK/haproxy-$1.cfg"
+  cat >"$conf" <<EOF
+global
+    nbthread $threads
+    maxconn 20000
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    http-reuse always
+frontend f
+    bind 127.0.0.1:$port
+    default_backend b
+backend b
+    server s1 127.0.0.1:$up
+EOF
+  if [ -n "$cpus" ]; then
+    spawn "haproxy-$port" taskset -c "$cpus" haproxy -f "$conf" -db
+  else
+    spawn "haproxy-$port" haproxy -f "$conf" -db
+  fi
+  wait_for_http "http://127.0.0.1:$port/"
 }
 
 # start_palisade_proxy NAME PORT ADMIN_PORT THREADS [CPUS] [--upstream URL ...]: a

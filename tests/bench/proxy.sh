@@ -29,6 +29,18 @@
 # then show what sharing both cores with the client and the upstream costs, apart from
 # the number of threads.
 #
+# BENCH_METHODS ("PUT"): the requests measured, in turn: PUT (1 KiB bodies with an equal
+# token) and GET (no token: unfenced reads pass through; the upstream answers 1 KiB).
+#
+# HAProxy is measured beside nginx when `haproxy` is installed (BENCH_HAPROXY=0 leaves it
+# out), with `nbthread` equal to the thread count and the same pinning as the proxies.
+#
+# A many-core layout (BENCH_PROXY_CPU_BASE=N): every proxy is pinned to cores N to
+# N+THREADS-1, the upstream to BENCH_UPSTREAM_CPUS (0-3, with one nginx worker per core),
+# and the load generator to BENCH_CLIENT_CPUS (8-15, with BENCH_CLIENT_THREADS runtime
+# threads, 4), so that no two of them share a core at any thread count. For 8 threads on
+# 16 cores: BENCH_UPSTREAM_CPUS=0-2 BENCH_PROXY_CPU_BASE=3 BENCH_CLIENT_CPUS=11-15.
+#
 # BENCH_PALISADE_ARGS="FLAGS" appends FLAGS (split on spaces) to the palisade target's
 # `palisade proxy` flags (not the baseline's), say "--reuseport-threads 2
 # --worker-threads 1" to measure the thread-per-core mode at BENCH_THREADS=2.
@@ -49,7 +61,24 @@ DURATION="${BENCH_DURATION:-4}"
 WARMUP="${BENCH_WARMUP:-1}"
 CONNECTIONS="${BENCH_CONNECTIONS:-32}"
 BODY_BYTES="${BENCH_BODY_BYTES:-1024}"
+METHODS="${BENCH_METHODS:-PUT}"
 TOKEN=1
+CLIENT_THREADS=1
+if [ -n "${BENCH_PROXY_CPU_BASE:-}" ]; then
+  UPSTREAM_CPUS="${BENCH_UPSTREAM_CPUS:-0-3}"
+  CLIENT_CPUS="${BENCH_CLIENT_CPUS:-8-15}"
+  CLIENT_THREADS="${BENCH_CLIENT_THREADS:-4}"
+  # One upstream worker per core it has.
+  UPSTREAM_WORKERS="$(taskset -c "$UPSTREAM_CPUS" nproc)"
+  export UPSTREAM_WORKERS
+fi
+for m in $METHODS; do
+  case "$m" in PUT | GET) ;; *) die "BENCH_METHODS: $m is neither PUT nor GET" ;; esac
+done
+HAPROXY=0
+if [ "${BENCH_HAPROXY:-1}" = 1 ] && command -v haproxy >/dev/null; then
+  HAPROXY=1
+fi
 
 need nginx nginx
 need taskset util-linux
@@ -144,14 +173,19 @@ if [ "${BENCH_COUNTS:-0}" = 1 ]; then
   exit 0
 fi
 
-# one_run TARGET THREADS URL CLIENT_CPUS PIDS...: one measured run; appends a JSON line
-# with the client's report and the server-side CPU time per request.
+# one_run TARGET THREADS METHOD BASE_URL CLIENT_CPUS PIDS...: one measured run; appends a
+# JSON line with the client's report and the server-side CPU time per request.
 one_run() {
-  local target="$1" threads="$2" url="$3" cpus="$4"
-  shift 4
+  local target="$1" threads="$2" method="$3" url="$4" cpus="$5"
+  shift 5
   local out
-  local client=(env PALISADE_WORKER_THREADS=1 "$PALISADE" bench --url "$url" --method PUT
-    --body-bytes "$BODY_BYTES" --token "$TOKEN" --connections "$CONNECTIONS" --json)
+  local client=(env "PALISADE_WORKER_THREADS=$CLIENT_THREADS" "$PALISADE" bench
+    --connections "$CONNECTIONS" --json)
+  if [ "$method" = GET ]; then
+    client+=(--url "$url/get/bench" --method GET --body-bytes 0)
+  else
+    client+=(--url "$url/bench" --method PUT --body-bytes "$BODY_BYTES" --token "$TOKEN")
+  fi
   if [ -n "$cpus" ]; then
     client=(taskset -c "$cpus" "${client[@]}")
   fi
@@ -162,32 +196,38 @@ one_run() {
   read -r u0 s0 <<<"$(cpu_ticks_split "$@")"
   out="$("${client[@]}" --duration "$DURATION")"
   read -r u1 s1 <<<"$(cpu_ticks_split "$@")"
-  python3 - "$target" "$threads" "$((u1 - u0))" "$((s1 - s0))" "$TICK_HZ" "$round" "$out" >>"$RESULTS" <<'EOF'
+  python3 - "$target" "$threads" "$((u1 - u0))" "$((s1 - s0))" "$TICK_HZ" "$round" "$out" "$method" >>"$RESULTS" <<'EOF'
 import json, sys
-target, threads, user, system, hz, rnd, out = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
-    int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
+target, threads, user, system, hz, rnd, out, method = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+    int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8])
 r = json.loads(out)
 per = lambda ticks: (ticks / hz * 1e6 / r["answered"]) if r["answered"] else None
-r.update(target=target, threads=threads, round=rnd, cpu_ticks=user + system,
+r.update(target=target, threads=threads, method=method, round=rnd, cpu_ticks=user + system,
          cpu_us_per_req=per(user + system), user_us_per_req=per(user), system_us_per_req=per(system))
 print(json.dumps(r))
 l = r["latency_us"]
-print(f"  {target:<9} {threads}t {r['rps']:>9.0f} req/s  p50 {l['p50'] / 1000:.3f} ms  "
+print(f"  {target:<9} {threads}t {method:<3} {r['rps']:>9.0f} req/s  p50 {l['p50'] / 1000:.3f} ms  "
       f"p99 {l['p99'] / 1000:.3f} ms  non-2xx {r['non_2xx']}  errors {r['errors']}  "
       f"cpu {r['cpu_us_per_req'] or 0:.1f} us/req", file=sys.stderr)
 EOF
 }
 
 for threads in $THREADS; do
-  if [ "$threads" = 1 ] && [ "${BENCH_PIN:-1}" = 1 ]; then
+  up_cpus=""
+  if [ -n "${BENCH_PROXY_CPU_BASE:-}" ]; then
+    proxy_cpus="$BENCH_PROXY_CPU_BASE-$((BENCH_PROXY_CPU_BASE + threads - 1))"
+    side_cpus="$CLIENT_CPUS"
+    up_cpus="$UPSTREAM_CPUS"
+  elif [ "$threads" = 1 ] && [ "${BENCH_PIN:-1}" = 1 ]; then
     proxy_cpus=0
     side_cpus=1
+    up_cpus=1
   else
     proxy_cpus=""
     side_cpus=""
   fi
   up_port="$(free_port)"
-  start_upstream "$up_port" "$side_cpus"
+  start_upstream "$up_port" "$up_cpus"
   up_pid="$SPAWNED"
   read -r -a up_all <<<"$(group_pids "$up_pid")"
 
@@ -208,6 +248,12 @@ for threads in $THREADS; do
   log "$threads thread(s): upstream :$up_port, nginx :$nginx_port (pids ${nginx_all[*]}), palisade :$pal_port (pid $pal_pid, $(awk '/^Threads:/ {print $2}' "/proc/$pal_pid/status") threads)"
 
   targets="direct nginx palisade"
+  if [ "$HAPROXY" = 1 ]; then
+    hap_port="$(free_port)"
+    start_haproxy "$hap_port" "$up_port" "$threads" "$proxy_cpus"
+    hap_pid="$SPAWNED"
+    targets="direct nginx haproxy palisade"
+  fi
   if [ -n "${BASELINE_BIN:-}" ]; then
     before_port="$(free_port)"
     before_admin="$(free_port)"
@@ -217,7 +263,7 @@ for threads in $THREADS; do
     before_pid="$(pgrep -g "$before_group" -x "$(basename "$BASELINE_BIN")")"
     curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
       "http://127.0.0.1:$before_admin/v1/fences/default" >/dev/null
-    targets="direct nginx before palisade"
+    targets="${targets% palisade} before palisade"
     log "baseline: $BASELINE_BIN on :$before_port (pid $before_pid)"
   fi
   for round in $(seq "$ROUNDS"); do
@@ -229,13 +275,16 @@ for threads in $THREADS; do
     else
       order="$(echo "$targets" | tr ' ' '\n' | tac | tr '\n' ' ')"
     fi
-    for target in $order; do
-      case "$target" in
-        before) one_run before "$threads" "http://127.0.0.1:$before_port/bench" "$side_cpus" "$before_pid" ;;
-        direct) one_run direct "$threads" "http://127.0.0.1:$up_port/bench" "$side_cpus" "${up_all[@]}" ;;
-        nginx) one_run nginx "$threads" "http://127.0.0.1:$nginx_port/bench" "$side_cpus" "${nginx_all[@]}" ;;
-        palisade) one_run palisade "$threads" "http://127.0.0.1:$pal_port/bench" "$side_cpus" "$pal_pid" ;;
-      esac
+    for method in $METHODS; do
+      for target in $order; do
+        case "$target" in
+          before) one_run before "$threads" "$method" "http://127.0.0.1:$before_port" "$side_cpus" "$before_pid" ;;
+          direct) one_run direct "$threads" "$method" "http://127.0.0.1:$up_port" "$side_cpus" "${up_all[@]}" ;;
+          nginx) one_run nginx "$threads" "$method" "http://127.0.0.1:$nginx_port" "$side_cpus" "${nginx_all[@]}" ;;
+          haproxy) one_run haproxy "$threads" "$method" "http://127.0.0.1:$hap_port" "$side_cpus" "$hap_pid" ;;
+          palisade) one_run palisade "$threads" "$method" "http://127.0.0.1:$pal_port" "$side_cpus" "$pal_pid" ;;
+        esac
+      done
     done
   done
 
@@ -266,6 +315,7 @@ EOF
   stop "$pal_group"
   [ -n "${BASELINE_BIN:-}" ] && stop "$before_group"
   stop "$nginx_pid"
+  [ "$HAPROXY" = 1 ] && stop "$hap_pid"
   stop "$up_pid"
 done
 
@@ -276,43 +326,52 @@ io = [json.loads(l) for l in open(sys.argv[2])]
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else float("nan")
-targets = [t for t in ("direct", "nginx", "before", "palisade") if any(r["target"] == t for r in rows)]
+targets = [t for t in ("direct", "nginx", "haproxy", "before", "palisade") if any(r["target"] == t for r in rows)]
 threads = sorted({r["threads"] for r in rows})
-print(f"\nproxy benchmark: {sys.argv[3]} cores, {rows[0]['connections']} connections, "
-      f"PUT {rows[0]['body_bytes']} B, equal token; medians of {len(rows) // len(targets) // len(threads)} rounds\n")
-print("| threads | target | req/s | p50 ms | p99 ms | CPU µs/req | user | system | non-2xx | errors |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+methods = [m for m in ("PUT", "GET") if any(r.get("method", "PUT") == m for r in rows)]
+for r in rows:
+    r.setdefault("method", "PUT")
+keys = [(t, m) for t in threads for m in methods]
+print(f"\nproxy benchmark: {sys.argv[3]} cores, {rows[0]['connections']} connections; "
+      f"PUT: {next((r['body_bytes'] for r in rows if r['method'] == 'PUT'), 0)} B bodies with an equal token; "
+      f"GET: 1 KiB answers, no token; medians of {len(rows) // len(targets) // len(keys)} rounds\n")
+print("| threads | method | target | req/s | p50 ms | p99 ms | CPU µs/req | user | system | non-2xx | errors |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 summary = {}
-for t in threads:
+for t, meth in keys:
     for target in targets:
-        rs = [r for r in rows if r["threads"] == t and r["target"] == target]
+        rs = [r for r in rows if r["threads"] == t and r["method"] == meth and r["target"] == target]
         m = dict(rps=med([r["rps"] for r in rs]), p50=med([r["latency_us"]["p50"] for r in rs]) / 1000,
                  p99=med([r["latency_us"]["p99"] for r in rs]) / 1000,
                  cpu=med([r["cpu_us_per_req"] for r in rs]),
                  user=med([r["user_us_per_req"] for r in rs]),
                  system=med([r["system_us_per_req"] for r in rs]),
                  non2xx=sum(r["non_2xx"] for r in rs), errors=sum(r["errors"] for r in rs))
-        summary[(t, target)] = m
+        summary[(t, meth, target)] = m
         cpu = "| | " if target == "direct" else f"{m['cpu']:.1f} | {m['user']:.1f} | {m['system']:.1f}"
-        print(f"| {t} | {target} | {m['rps']:.0f} | {m['p50']:.3f} | {m['p99']:.3f} | {cpu} | {m['non2xx']} | {m['errors']} |")
+        print(f"| {t} | {meth} | {target} | {m['rps']:.0f} | {m['p50']:.3f} | {m['p99']:.3f} | {cpu} | {m['non2xx']} | {m['errors']} |")
 
-def per_round(t, a, b, key):
+def per_round(t, meth, a, b, key):
     # The ratio within each round (both measured back to back), then its median.
     out = []
+    same = lambda r, rnd, target: (r["threads"] == t and r["method"] == meth and r["round"] == rnd
+                                   and r["target"] == target)
     for rnd in sorted({r["round"] for r in rows if r["threads"] == t}):
-        x = [r[key] for r in rows if r["threads"] == t and r["round"] == rnd and r["target"] == a]
-        y = [r[key] for r in rows if r["threads"] == t and r["round"] == rnd and r["target"] == b]
+        x = [r[key] for r in rows if same(r, rnd, a)]
+        y = [r[key] for r in rows if same(r, rnd, b)]
         if x and y and x[0] and y[0]:
             out.append(x[0] / y[0])
     return med(out)
 
-for a, b in [("palisade", "nginx")] + ([("before", "nginx"), ("palisade", "before")] if "before" in targets else []):
-    print(f"\n| threads | {a}/{b} req/s | p50 | p99 | CPU per request (medians) | CPU per request (median of per-round ratios) |")
-    print("|---|---|---|---|---|---|")
-    for t in threads:
-        p, n = summary[(t, a)], summary[(t, b)]
-        print(f"| {t} | {p['rps'] / n['rps']:.2f} | {p['p50'] / n['p50']:.2f} | {p['p99'] / n['p99']:.2f} | "
-              f"{p['cpu'] / n['cpu']:.2f} | {per_round(t, a, b, 'cpu_us_per_req'):.2f} |")
+pairs = [("palisade", "nginx")] + ([("haproxy", "nginx")] if "haproxy" in targets else [])
+pairs += [("before", "nginx"), ("palisade", "before")] if "before" in targets else []
+for a, b in pairs:
+    print(f"\n| threads | method | {a}/{b} req/s | p50 | p99 | CPU per request (medians) | CPU per request (median of per-round ratios) |")
+    print("|---|---|---|---|---|---|---|")
+    for t, meth in keys:
+        p, n = summary[(t, meth, a)], summary[(t, meth, b)]
+        print(f"| {t} | {meth} | {p['rps'] / n['rps']:.2f} | {p['p50'] / n['p50']:.2f} | {p['p99'] / n['p99']:.2f} | "
+              f"{p['cpu'] / n['cpu']:.2f} | {per_round(t, meth, a, b, 'cpu_us_per_req'):.2f} |")
 print("\n| threads | equal-token requests | write_bytes | syscw | advancing requests (control) | write_bytes | syscw |")
 print("|---|---|---|---|---|---|---|")
 for r in io:

@@ -18,8 +18,11 @@ use crate::transport::ClientTls;
 /// once; the wait bounds only how late a node that is paused or gone is noticed
 /// (this plus [`LONG_POLL_SLACK_MS`](crate::LONG_POLL_SLACK_MS)).
 pub const LONG_POLL_WAIT_MS: u64 = 2_000;
-/// How often a leader that is not yet established is asked again: its token appears
-/// without a change of term or role, which the long poll does not report.
+/// How long a long poll waits while the node leads but is not yet established, and how
+/// often such a node is asked when it does not support the long poll. The node answers a
+/// long poll as soon as its token appears, but compares with its view when the poll
+/// arrives: a token that appeared between the previous answer and this poll's arrival is
+/// no change to it, and is reported only when this wait ends. So the wait is short.
 pub const ESTABLISH_POLL_MS: u64 = 20;
 /// How often the node is asked when it does not support the long poll.
 pub const PLAIN_POLL_MS: u64 = 200;
@@ -243,9 +246,18 @@ async fn follow(api: NodeApi, state: Arc<watch::Sender<State>>, wait: Duration) 
         )
     };
     let mut delays = reconnect();
+    // The node leads but has no token yet: the next long poll is a short one.
+    let mut establishing = false;
     loop {
         let result = match after_term {
-            Some(term) if long_poll => api.leader_after(term, wait).await,
+            Some(term) if long_poll => {
+                let wait = if establishing {
+                    Duration::from_millis(ESTABLISH_POLL_MS)
+                } else {
+                    wait
+                };
+                api.leader_after(term, wait).await
+            }
             _ => api.leader().await,
         };
         match result {
@@ -255,13 +267,12 @@ async fn follow(api: NodeApi, state: Arc<watch::Sender<State>>, wait: Duration) 
                 }
                 failures = 0;
                 delays = reconnect();
-                let establishing = is_establishing(&view);
+                establishing = is_establishing(&view);
                 let term = view.term;
                 state.send_if_modified(|s| s.observe(view));
                 after_term = Some(term);
-                if establishing {
+                if establishing && !long_poll {
                     tokio::time::sleep(Duration::from_millis(ESTABLISH_POLL_MS)).await;
-                    after_term = None;
                 } else if !long_poll {
                     tokio::time::sleep(Duration::from_millis(PLAIN_POLL_MS)).await;
                 }

@@ -5,7 +5,17 @@
 //! - `elected`: another node reports itself leader of a higher term;
 //! - `established`: that leader has applied an entry of its term, so it has a token;
 //! - `announced`: the proxy's fence for the scope has risen (`GET /v1/fences/{scope}`):
-//!   from here on the paused leader's writes are refused.
+//!   from here on the paused leader's writes are refused;
+//! - `accepted`: a write carrying the new token is accepted at the proxy (2xx). The
+//!   writer is a client of the nodes, as a worker beside each would be: one
+//!   [`NodeApiSource`] per node (long polls of `GET /v1/leader`), and the first to report
+//!   a leader with a token higher than the paused one's sends a PUT with it through the
+//!   proxy at once, and again every poll interval until one is accepted. This is the
+//!   failover as a user sees it, measured from outside.
+//!
+//! Where the time goes comes from the nodes' own log lines ([`failover_events`]):
+//! detection (until a node campaigns), election (until it leads), establishment (until
+//! it holds the token) and announce (until every proxy has acknowledged the term).
 //!
 //! Then `SIGCONT`, wait until every node agrees on one leader whose token the proxy
 //! holds, wait `--settle-ms`, and start the next trial. The processes come from
@@ -14,9 +24,13 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use palisade_client::NodeApi;
+use std::sync::Arc;
+
+use palisade_client::{FencedClient, NodeApi, NodeApiSource, StaticToken, TokenSource};
 use palisade_cluster::{Cluster, ClusterSpec, LeaderView, Role};
 use serde::Serialize;
+
+use super::failover_events::{self, Steps};
 
 use crate::Failure;
 
@@ -85,6 +99,10 @@ struct Trial {
     elected_ms: Option<f64>,
     established_ms: Option<f64>,
     announced_ms: Option<f64>,
+    /// A write with the new token was accepted at the proxy.
+    accepted_ms: Option<f64>,
+    /// The steps of the takeover from the nodes' logs.
+    log: Steps,
 }
 
 /// Median, min and max of one moment over the successful trials.
@@ -120,6 +138,12 @@ struct Report {
     elected: Summary,
     established: Summary,
     announced: Summary,
+    accepted: Summary,
+    /// From the nodes' logs: the end of detection, election, establishment and announce.
+    log_campaign: Summary,
+    log_leader: Summary,
+    log_established: Summary,
+    log_announced: Summary,
 }
 
 pub(crate) async fn run(args: FailoverArgs) -> Result<(), Failure> {
@@ -215,12 +239,18 @@ async fn trials(args: &FailoverArgs, dir: &std::path::Path) -> Result<Report, Fa
         let trial = one_trial(&cluster, &leader, poll).await.map_err(runtime)?;
         // Progress on stderr, so stdout stays one JSON object with --json.
         eprintln!(
-            "trial {n:>3}: paused node {} (term {}): elected {} ms, established {} ms, announced {} ms",
+            "trial {n:>3}: paused node {} (term {}): elected {} ms, established {} ms, announced {} ms, \
+             write accepted {} ms; logs: campaign {} ms, leader {} ms, established {} ms, announced {} ms",
             trial.paused_node,
             trial.old_term,
             fmt_ms(trial.elected_ms),
             fmt_ms(trial.established_ms),
             fmt_ms(trial.announced_ms),
+            fmt_ms(trial.accepted_ms),
+            fmt_ms(trial.log.campaign_ms),
+            fmt_ms(trial.log.leader_ms),
+            fmt_ms(trial.log.established_ms),
+            fmt_ms(trial.log.announced_ms),
         );
         done.push(trial);
     }
@@ -234,6 +264,11 @@ async fn trials(args: &FailoverArgs, dir: &std::path::Path) -> Result<Report, Fa
         elected: Summary::of(done.iter().map(|t| t.elected_ms)),
         established: Summary::of(done.iter().map(|t| t.established_ms)),
         announced: Summary::of(done.iter().map(|t| t.announced_ms)),
+        accepted: Summary::of(done.iter().map(|t| t.accepted_ms)),
+        log_campaign: Summary::of(done.iter().map(|t| t.log.campaign_ms)),
+        log_leader: Summary::of(done.iter().map(|t| t.log.leader_ms)),
+        log_established: Summary::of(done.iter().map(|t| t.log.established_ms)),
+        log_announced: Summary::of(done.iter().map(|t| t.log.announced_ms)),
         trials: done,
     })
 }
@@ -272,25 +307,48 @@ async fn one_trial(
     let Some(paused) = cluster.node(leader.node_id) else {
         return Ok(trial);
     };
-    let others: Vec<NodeApi> = cluster
+    let survivors: Vec<_> = cluster
         .nodes
         .iter()
         .filter(|n| n.id() != leader.node_id)
+        .collect();
+    let others: Vec<NodeApi> = survivors
+        .iter()
         .map(|n| {
             n.api()
                 .clone()
                 .timeout(Duration::from_millis(QUERY_TIMEOUT_MS))
         })
         .collect();
+    // The writer's sources follow the nodes before the pause, as a worker's would.
+    let sources = followers(&others).await;
+    let proxy_url = cluster.proxy.url("");
+    let writer = write_with_new_token(&sources, &proxy_url, old_fence, poll);
+    tokio::pin!(writer);
     let ms = |t: Instant| t.elapsed().as_secs_f64() * 1000.0;
 
+    let paused_at = std::time::SystemTime::now();
     let t0 = Instant::now();
     paused.guard.pause()?;
     let deadline = t0 + TRIAL_TIMEOUT;
+    let mut writer_done = false;
     while Instant::now() < deadline {
-        // One round: every other node and the proxy, concurrently.
-        let (views, fence) =
-            tokio::join!(leaderships(&others), cluster.proxy_fence(&leader.scope),);
+        // One round: every other node and the proxy, concurrently, while the writer
+        // waits for a new leader and writes.
+        let round =
+            async { tokio::join!(leaderships(&others), cluster.proxy_fence(&leader.scope)) };
+        let (views, fence) = if writer_done {
+            round.await
+        } else {
+            tokio::select! {
+                accepted = &mut writer => {
+                    trial.accepted_ms = accepted.then(|| ms(t0));
+                    writer_done = true;
+                    continue;
+                }
+                r = round => r,
+            }
+        };
         let now_ms = ms(t0);
         for view in views.into_iter().flatten() {
             if view.term > old_term && view.role == Role::Leader {
@@ -301,18 +359,99 @@ async fn one_trial(
                 }
             }
         }
-        if fence.is_some_and(|f| f > old_fence) {
+        if trial.announced_ms.is_none() && fence.is_some_and(|f| f > old_fence) {
             trial.announced_ms = Some(now_ms);
             // A node that is announced was elected and established before; if a poll
             // missed those moments, they happened no later than now.
             trial.elected_ms.get_or_insert(now_ms);
             trial.established_ms.get_or_insert(now_ms);
+        }
+        if trial.announced_ms.is_some() && writer_done {
             break;
         }
-        tokio::time::sleep(poll).await;
+        let pause = tokio::time::sleep(poll);
+        if writer_done {
+            pause.await;
+        } else {
+            tokio::select! {
+                accepted = &mut writer => {
+                    trial.accepted_ms = accepted.then(|| ms(t0));
+                    writer_done = true;
+                }
+                () = pause => {}
+            }
+        }
     }
     paused.guard.resume()?;
+    if let Some(term) = trial.new_term {
+        let logs: Vec<String> = survivors.iter().flat_map(|n| n.logs()).collect();
+        trial.log = failover_events::steps(&logs, paused_at, term);
+    }
     Ok(trial)
+}
+
+/// A [`NodeApiSource`] per node, each once it has its first answer (or after
+/// [`QUERY_TIMEOUT_MS`]).
+async fn followers(apis: &[NodeApi]) -> Vec<NodeApiSource> {
+    let mut sources = Vec::new();
+    for api in apis {
+        // Short long polls: a source of a follower asks again soon after each answer,
+        // as a worker's would with the client's default.
+        match NodeApiSource::start(&api.url()) {
+            Ok(source) => sources.push(source),
+            Err(e) => eprintln!("palisade bench failover: cannot follow {}: {e}", api.url()),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_millis(QUERY_TIMEOUT_MS);
+    for source in &sources {
+        while source.last_answer().is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    sources
+}
+
+/// Waits until one of `sources` reports an established leader with a token above
+/// `old_fence`, then PUTs with that token through the proxy at `proxy_url` until a PUT
+/// is accepted (true) or [`TRIAL_TIMEOUT`] passes (false). A refusal (409: the token is
+/// already below the fence, which a correct cluster never makes it) ends it too (false).
+async fn write_with_new_token(
+    sources: &[NodeApiSource],
+    proxy_url: &str,
+    old_fence: u64,
+    poll: Duration,
+) -> bool {
+    let work = async {
+        let token = loop {
+            let waits = sources.iter().map(TokenSource::wait_for_leader);
+            let (leadership, _, _) = futures_util::future::select_all(waits).await;
+            match leadership.write_token() {
+                Some(t) if t > old_fence => break t,
+                // The paused leader's own term, seen by a source before the pause was
+                // noticed: wait for a change.
+                _ => {
+                    let changes = sources.iter().map(|s| Box::pin(s.changed()));
+                    futures_util::future::select_all(changes).await;
+                }
+            }
+        };
+        let Ok(client) = FencedClient::builder(proxy_url, Arc::new(StaticToken::new(token)))
+            .retries(0)
+            .build()
+        else {
+            return false;
+        };
+        loop {
+            match client.put("bench/failover", "x").await {
+                Ok(_) => return true,
+                Err(palisade_client::ClientError::Fenced { .. }) => return false,
+                Err(_) => tokio::time::sleep(poll).await,
+            }
+        }
+    };
+    tokio::time::timeout(TRIAL_TIMEOUT, work)
+        .await
+        .unwrap_or(false)
 }
 
 /// Every node's leadership (`None` for a node that does not answer), queried at once.
@@ -344,6 +483,7 @@ fn print_text(r: &Report) {
         ("elected", &r.elected),
         ("established", &r.established),
         ("announced", &r.announced),
+        ("accepted", &r.accepted),
     ] {
         println!(
             "  {name:<12} median {} ms   min {} ms   max {} ms   ({} trials)",

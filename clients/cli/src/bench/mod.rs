@@ -26,12 +26,13 @@
 //! - `load`: the closed loop: one task per connection, warm-up, `--hold`.
 //! - `report`: per-worker tallies, the latency histogram, and the printed report.
 //! - `cpu`: the CPU time of `--pid` processes over the measured window.
-//! - `failover`: `palisade bench failover`.
+//! - `failover`: `palisade bench failover`; `failover_events`: its breakdown from the nodes' logs.
 //! - `scopes`: `palisade bench scopes`.
 
 mod args;
 mod cpu;
 mod failover;
+mod failover_events;
 mod load;
 mod report;
 mod scopes;

@@ -33,10 +33,15 @@ struct View {
     hung: bool,
 }
 
+/// What the scripted node answered: whether the request was a long poll, and the token
+/// in the answer.
+type Answers = Arc<std::sync::Mutex<Vec<(bool, Option<u64>)>>>;
+
 /// A scripted node API; stops (connections refused) when dropped or `stop`ped.
 struct FakeNode {
     addr: SocketAddr,
     view: Arc<watch::Sender<View>>,
+    answers: Answers,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -46,6 +51,8 @@ impl FakeNode {
         let addr = listener.local_addr().unwrap();
         let view = Arc::new(watch::channel(initial).0);
         let shared = Arc::clone(&view);
+        let answers = Answers::default();
+        let log = Arc::clone(&answers);
         // Connections live in a JoinSet owned by the server task, so aborting the task
         // closes them too (pooled keep-alive connections included).
         let task = tokio::spawn(async move {
@@ -55,8 +62,10 @@ impl FakeNode {
                     continue;
                 };
                 let view = Arc::clone(&shared);
+                let log = Arc::clone(&log);
                 connections.spawn(async move {
-                    let service = service_fn(move |req| answer(Arc::clone(&view), req));
+                    let service =
+                        service_fn(move |req| answer(Arc::clone(&view), Arc::clone(&log), req));
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -66,6 +75,7 @@ impl FakeNode {
         Self {
             addr,
             view,
+            answers,
             task: Some(task),
         }
     }
@@ -92,10 +102,11 @@ impl Drop for FakeNode {
 }
 
 /// `GET /v1/leader[?after_term=N&timeout_ms=T]`: answers at once, or for the long poll
-/// as soon as the term is above N or the role differs from the role at arrival, or
-/// after T ms.
+/// as soon as the term is above N or the role or token differs from those at arrival,
+/// or after T ms (as the node does).
 async fn answer(
     view: Arc<watch::Sender<View>>,
+    answers: Answers,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let query: HashMap<String, u64> = request
@@ -112,11 +123,14 @@ async fn answer(
     if rx.borrow().hung {
         std::future::pending::<()>().await;
     }
+    let long_poll = query.contains_key("after_term");
     if let (Some(&after), Some(&timeout_ms)) = (query.get("after_term"), query.get("timeout_ms")) {
-        let role_at_arrival = rx.borrow().role;
+        let (role_at_arrival, token_at_arrival) = (rx.borrow().role, rx.borrow().token);
         let _ = tokio::time::timeout(
             Duration::from_millis(timeout_ms),
-            rx.wait_for(|v| v.term > after || v.role != role_at_arrival || v.hung),
+            rx.wait_for(|v| {
+                v.term > after || v.role != role_at_arrival || v.token != token_at_arrival || v.hung
+            }),
         )
         .await;
         if rx.borrow().hung {
@@ -124,6 +138,10 @@ async fn answer(
         }
     }
     let v = rx.borrow().clone();
+    answers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((long_poll, v.token));
     let body = LeaderView {
         node_id: 1,
         scope: Scope::default(),
@@ -211,6 +229,39 @@ async fn source_follows_election_establishment_and_loss() {
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "changes were seen through the long poll, not its 30 s wait"
+    );
+}
+
+/// Goal: a leader's token reaches the source through a long poll that the node answers
+/// when the token appears, not through a plain poll some interval later (the failover
+/// measured from outside waited about 20 ms for it).
+/// Method: script a leader without a token, then give it one; the answer that carried
+/// the token must have been a long poll.
+#[tokio::test]
+async fn the_token_of_an_establishing_leader_comes_through_a_long_poll() {
+    let node = FakeNode::start(leader(2, None)).await;
+    let source = NodeApiSource::start_with_wait(&node.url(), Duration::from_secs(30)).unwrap();
+    seen(&source, "leader, not established", |l| {
+        l.is_leader && l.token.is_none()
+    })
+    .await;
+    node.set(leader(2, Some(2)));
+    let led = tokio::time::timeout(SEEN_TIMEOUT, source.wait_for_leader())
+        .await
+        .expect("established leadership seen");
+    assert_eq!(led.write_token(), Some(2));
+    let answers = node
+        .answers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let first_with_token = answers
+        .iter()
+        .find(|(_, token)| token.is_some())
+        .expect("an answer with the token");
+    assert!(
+        first_with_token.0,
+        "the token came in a plain poll; answers: {answers:?}"
     );
 }
 
