@@ -205,7 +205,7 @@ start_haproxy() {
   cat >"$conf" <<EOF
 global
     nbthread $threads
-    maxconn 20000
+    maxconn 8000
 defaults
     mode http
     timeout connect 5s

@@ -93,6 +93,8 @@ build_palisade
 make_workdir
 machine_report
 wait_quiet
+# Every connection is a descriptor in the client and one in each proxy.
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 TICK_HZ="$(getconf CLK_TCK)"
 RESULTS="$BENCH_WORK/results.jsonl"
