@@ -47,8 +47,8 @@
 //! - `auth`: the admin API's bearer token and the middleware layer that requires it.
 //! - `server`: the data path's listener: TLS, HTTP/1.1 and h2c, connection limits
 //!   (through the protocol crate's connection table: timeouts from accept, idle-first
-//!   eviction), graceful shutdown. With `reuseport_threads`, [`start`] runs one per OS
-//!   thread, each on its own single-threaded runtime and `SO_REUSEPORT` socket.
+//!   eviction), graceful shutdown. With `reuseport_threads`, the listener hands each
+//!   connection to one of that many OS threads, each with its own single-threaded runtime.
 //! - `fds`: the file-descriptor limit raised at start to what the limits need.
 //! - `tls`: rustls configuration from PEM files.
 //! - `error`: [`ProxyError`], who caused it, and its one problem+json answer.
@@ -263,22 +263,11 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         l.local_addr()
             .map_err(|source| StartError::Bind { addr, source })
     };
-    // With `reuseport_threads`, every socket is bound here, before `start` returns, so
-    // that the ready line means the port is served; the first one's port (the real port
-    // when the config said 0) is the others' address.
-    let (client_listeners, listen) = if config.reuseport_threads == 0 {
-        let listener = bind(config.listen).await?;
-        let listen = local(&listener, config.listen)?;
-        (vec![listener], listen)
-    } else {
-        let first = bind_reuseport(config.listen)?;
-        let listen = local(&first, config.listen)?;
-        let mut listeners = vec![first];
-        for _ in 1..config.reuseport_threads {
-            listeners.push(bind_reuseport(listen)?);
-        }
-        (listeners, listen)
-    };
+    // One socket, bound exclusively, whatever the number of data-path threads: a second
+    // proxy started on the same port fails here instead of sharing it (with its own fence,
+    // it would admit what this one refuses).
+    let client_listener = bind(config.listen).await?;
+    let listen = local(&client_listener, config.listen)?;
     let admin_listener = bind(config.admin_listen).await?;
     let admin = local(&admin_listener, config.admin_listen)?;
 
@@ -337,24 +326,31 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     };
     let admin_limits = admin::limits(limits, client_settings.drain_timeout);
     let mut tasks = JoinSet::new();
-    if config.reuseport_threads == 0 {
-        for listener in client_listeners {
-            let shared = Arc::clone(&shared);
-            tasks.spawn(server::serve(
-                listener,
-                client_settings.clone(),
-                shutdown_rx.clone(),
-                move |req, peer| service::handle(Arc::clone(&shared), req, peer),
-            ));
-        }
+    let loops = if config.reuseport_threads == 0 {
+        None
     } else {
-        data_threads(
-            client_listeners,
-            &client_settings,
-            &shared,
-            &shutdown_rx,
-            &mut tasks,
-        )?;
+        Some(data_threads(config.reuseport_threads, &mut tasks)?)
+    };
+    {
+        let shared = Arc::clone(&shared);
+        let (loops, stop) = loops.unzip();
+        let serve = server::serve(
+            client_listener,
+            client_settings.clone(),
+            shutdown_rx.clone(),
+            loops,
+            move |req, peer| {
+                DATA_THREAD_REQUESTS.with(|n| n.set(n.get() + 1));
+                service::handle(Arc::clone(&shared), req, peer)
+            },
+        );
+        tasks.spawn(async move {
+            serve.await;
+            // Drained (or past the drain timeout): the data-path threads may stop.
+            if let Some(stop) = stop {
+                stop.send_replace(true);
+            }
+        });
     }
     let fleet_name = config.fleet_name_for(admin);
     if fleet.is_some() && config.fleet_name.is_none() && admin.ip().is_unspecified() {
@@ -400,85 +396,46 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     })
 }
 
-/// Backlog of each `reuseport_threads` listening socket: tokio's own for
-/// `TcpListener::bind`, so the mode queues as many connections per socket as the default.
-const REUSEPORT_BACKLOG: u32 = 1024;
-
-/// Binds one of the client listener's `SO_REUSEPORT` sockets to `addr`.
-fn bind_reuseport(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    let bind = || {
-        let socket = if addr.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()?
-        } else {
-            tokio::net::TcpSocket::new_v6()?
-        };
-        socket.set_reuseaddr(true)?;
-        socket.set_reuseport(true)?;
-        socket.bind(addr)?;
-        socket.listen(REUSEPORT_BACKLOG)
-    };
-    bind().map_err(|source| StartError::Bind { addr, source })
+thread_local! {
+    /// Requests served by this thread, for the data-path thread's closing log line: how
+    /// evenly the connections were spread.
+    static DATA_THREAD_REQUESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// Starts one OS thread per listener (`reuseport_threads`), each with its own
-/// single-threaded runtime serving its listener with `settings` (its share of
-/// `connections_max`), the same shared state and the same shutdown signal. A task in
-/// `tasks` waits for each thread, so the handle's `wait` covers their drains; a thread
-/// that panicked is logged and counts as its listener having stopped.
+/// Starts `threads` OS threads (`reuseport_threads`), each with its own single-threaded
+/// runtime, to which the client listener hands its connections in turn. Returns their
+/// loops, and the sender that stops them once the listener has drained: a thread then
+/// drops its runtime, which ends the connection tasks still on it (past the drain
+/// timeout). A task in `tasks` waits for each thread, so the handle's `wait` covers them;
+/// a thread that panicked is logged.
 fn data_threads(
-    listeners: Vec<TcpListener>,
-    settings: &ListenerSettings,
-    shared: &Arc<Shared>,
-    shutdown: &watch::Receiver<bool>,
+    threads: usize,
     tasks: &mut JoinSet<()>,
-) -> Result<(), StartError> {
-    let threads = listeners.len();
-    let mut settings = settings.clone();
-    settings.connections_max = settings.connections_max.div_ceil(threads);
-    for (index, listener) in listeners.into_iter().enumerate() {
-        // Moved between runtimes as a plain socket: a tokio listener is registered with
-        // the reactor of the runtime that made it, and must be served by that one.
-        let listener = listener
-            .into_std()
-            .map_err(|source| StartError::DataThread { index, source })?;
+) -> Result<(Arc<server::Loops>, watch::Sender<bool>), StartError> {
+    let (stop, stopped) = watch::channel(false);
+    let mut handles = Vec::with_capacity(threads);
+    for index in 0..threads {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .thread_name(format!("palisade-data-{index}"))
             .build()
             .map_err(|source| StartError::DataThread { index, source })?;
-        let settings = settings.clone();
-        let shared = Arc::clone(shared);
-        let shutdown = shutdown.clone();
+        handles.push(runtime.handle().clone());
+        let mut stopped = stopped.clone();
         let thread = std::thread::Builder::new()
             .name(format!("palisade-data-{index}"))
             .spawn(move || {
-                // Counted here, per thread, for the log line at its end: how the kernel
-                // spread the load across the sockets.
-                let requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
-                let counted = Arc::clone(&requests);
                 upstream::set_thread_shard(index);
                 runtime.block_on(async move {
-                    let listener = match TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(thread = index, cause = %e,
-                                "cannot register the data-path listener; this thread serves nothing");
-                            return;
-                        }
-                    };
-                    server::serve(listener, settings, shutdown, move |req, peer| {
-                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        service::handle(Arc::clone(&shared), req, peer)
-                    })
-                    .await;
+                    let _ = stopped.wait_for(|stop| *stop).await;
                 });
-                // Ends the connection tasks still on this runtime (past the drain
-                // timeout), and the upstream connections dialled from it: pooled ones
-                // then read as closed wherever they are checked out.
+                // Ends the connection tasks still on this runtime, and the upstream
+                // connections dialled from it: pooled ones then read as closed wherever
+                // they are checked out.
                 drop(runtime);
                 tracing::info!(
                     thread = index,
-                    requests = requests.load(std::sync::atomic::Ordering::Relaxed),
+                    requests = DATA_THREAD_REQUESTS.with(std::cell::Cell::get),
                     "data-path thread stopped"
                 );
             })
@@ -493,7 +450,7 @@ fn data_threads(
                         .or_else(|| panic.downcast_ref::<String>().cloned())
                         .unwrap_or_else(|| "unknown panic".to_owned());
                     tracing::error!(thread = index, cause = %cause,
-                        "a data-path thread panicked; its listener has stopped");
+                        "a data-path thread panicked; the connections it served are closed");
                 }
                 Err(e) => {
                     tracing::error!(thread = index, cause = %e,
@@ -502,7 +459,7 @@ fn data_threads(
             }
         });
     }
-    Ok(())
+    Ok((Arc::new(server::Loops::new(handles)), stop))
 }
 
 /// Fleet mode: a client of each node's API, with the cluster TLS settings; `None` in

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -103,8 +103,36 @@ impl ListenerSettings {
     }
 }
 
+/// The data-path threads' runtimes, to which accepted connections are handed in turn
+/// (`reuseport_threads`): each connection then lives on one thread, its socket
+/// registered with that thread's reactor, so no request of it wakes another thread.
+pub(crate) struct Loops {
+    handles: Vec<tokio::runtime::Handle>,
+    next: AtomicUsize,
+}
+
+impl Loops {
+    /// Loops over these runtimes' handles (at least one).
+    pub(crate) fn new(handles: Vec<tokio::runtime::Handle>) -> Self {
+        assert!(!handles.is_empty(), "at least one data-path runtime");
+        Self {
+            handles,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The runtime the next connection goes to: round robin, so that long-lived
+    /// keep-alive connections spread evenly whatever their addresses.
+    fn pick(&self) -> &tokio::runtime::Handle {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
+        &self.handles[i]
+    }
+}
+
 /// Serves `listener` until `shutdown` turns true, then stops accepting and waits up to
-/// the drain timeout for open connections to finish their in-flight requests.
+/// the drain timeout for open connections to finish their in-flight requests. With
+/// `loops`, each accepted connection is served on one of their runtimes; without, on the
+/// runtime that accepted it.
 ///
 /// Connections go through the protocol crate's connection table (shared with the
 /// control plane): a connection that sends nothing is closed at the header timeout
@@ -120,6 +148,7 @@ pub(crate) async fn serve<H, F>(
     listener: TcpListener,
     settings: ListenerSettings,
     mut shutdown: watch::Receiver<bool>,
+    loops: Option<Arc<Loops>>,
     handler: H,
 ) where
     H: Fn(Request<Incoming>, Arc<Peer>) -> F + Clone + Send + Sync + Unpin + 'static,
@@ -161,7 +190,7 @@ pub(crate) async fn serve<H, F>(
         });
         let http = Arc::clone(&http);
         let tls = settings.tls.clone();
-        let task = async move {
+        let task = move |stream: TcpStream| async move {
             let gauge = metrics::gauge!(m::CONNECTIONS, "listener" => http.name);
             gauge.increment(1.0);
             let result = match tls {
@@ -186,16 +215,39 @@ pub(crate) async fn serve<H, F>(
             gauge.decrement(1.0);
             drop(admitted);
         };
-        // A task is one allocation of its future's size, for as long as the connection
-        // lives, parked or not: worth seeing when weighing what a connection costs.
-        FUTURE_SIZE_LOGGED.call_once(|| {
-            tracing::debug!(
-                listener = settings.name,
-                bytes = std::mem::size_of_val(&task),
-                "size of a connection's task"
-            );
+        let Some(loops) = &loops else {
+            let task = task(stream);
+            // A task is one allocation of its future's size, for as long as the
+            // connection lives, parked or not: worth seeing when weighing what a
+            // connection costs.
+            FUTURE_SIZE_LOGGED.call_once(|| {
+                tracing::debug!(
+                    listener = settings.name,
+                    bytes = std::mem::size_of_val(&task),
+                    "size of a connection's task"
+                );
+            });
+            tokio::spawn(task);
+            continue;
+        };
+        // Moved as a plain socket and registered again on the thread that serves it: a
+        // tokio stream is tied to the reactor of the runtime that registered it.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!(listener = settings.name, %peer, cause = %e,
+                    "cannot hand the connection to a data-path thread; closed");
+                continue;
+            }
+        };
+        let name = settings.name;
+        loops.pick().spawn(async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => task(stream).await,
+                Err(e) => tracing::warn!(listener = name, %peer, cause = %e,
+                    "cannot register the connection on its data-path thread; closed"),
+            }
         });
-        tokio::spawn(task);
     }
     drop(listener);
     let open = connections.live();

@@ -13,7 +13,8 @@
 //! - `proxy_idle`: idle keep-alive connections parked without their HTTP state: served
 //!   again (TCP and TLS), closed at the keep-alive timeout, evicted oldest first.
 //! - `proxy_reuseport`: `--reuseport-threads`: connections spread over the threads,
-//!   fences shared by them, every thread drained on SIGTERM, a bad count refused.
+//!   fences shared by them, every thread drained on SIGTERM, a second proxy kept off the
+//!   port, a bad count refused.
 //! - `proxy_fencing`: the proxy's fencing rules against a recording upstream, restarts
 //!   and `kill -9`.
 //! - `proxy_routing`: classification that fails closed: path spellings, methods, scope

@@ -1,6 +1,7 @@
-//! `--reuseport-threads`: the client listener served by several OS threads, each with its
-//! own runtime and `SO_REUSEPORT` socket: connections spread across the threads, fences
-//! hold across them, a graceful shutdown drains every thread, and a bad value is refused.
+//! `--reuseport-threads`: client connections served by several OS threads, each with its
+//! own runtime, fed by the one exclusively bound listener: connections spread across the
+//! threads, fences hold across them, a graceful shutdown drains every thread, a second
+//! proxy cannot share the port, and a bad value is refused.
 
 use std::time::Duration;
 
@@ -8,8 +9,7 @@ use palisade_tests::process::start_proxy;
 use palisade_tests::upstream::RecordingUpstream;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-/// Fresh connections sent per phase: with the kernel hashing each connection's 4-tuple
-/// to one of two sockets, all of them landing on one thread has odds of 2^-(n-1).
+/// Fresh connections sent per phase: handed to the two threads in turn, each gets half.
 const CONNECTIONS: usize = 40;
 
 /// Sends one PUT with `token` on a new connection that closes after it (so every request
@@ -131,6 +131,67 @@ async fn reuseport_threads_share_connections_and_fences() {
 async fn reuseport_threads_drain_in_flight_requests_on_shutdown() {
     crate::proxy_transport::sigterm_finishes_the_request_in_flight(&["--reuseport-threads", "2"])
         .await;
+}
+
+/// Goal: a second proxy cannot serve the port of one with `--reuseport-threads`: it would
+/// serve some of the clients with its own fence and admit tokens the first refuses (as
+/// it did when each thread bound its own `SO_REUSEPORT` socket: measured, token 3
+/// admitted by the second after the first's fence was 5). Method: start one proxy with
+/// 2 threads, then a second on its address with 2 threads and its own data directory;
+/// the second must exit with an error naming the address within 20 s, and every write
+/// with a lower token through the port must still be refused.
+#[tokio::test]
+async fn a_second_proxy_cannot_share_the_port() {
+    let bin = crate::use_tested_binary();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = RecordingUpstream::start().await;
+    let proxy = start_proxy(
+        dir.path(),
+        &["--upstream", &upstream.url(), "--reuseport-threads", "2"],
+    );
+    let addr = proxy.addr;
+    assert_eq!(put_on_new_connection(addr, "/k", 5).await, 200);
+    let mut second = std::process::Command::new(bin)
+        .args([
+            "proxy",
+            "--listen",
+            &addr.to_string(),
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("second"))
+        .args(["--upstream", &upstream.url(), "--reuseport-threads", "2"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!("a second proxy started on {addr}, which the first one serves");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "the second proxy failed: {stderr}");
+    assert!(
+        stderr.contains(&addr.to_string()),
+        "the error names the address: {stderr}"
+    );
+    let lower = puts_on_new_connections(addr, "/k", 3).await;
+    assert!(
+        lower.iter().all(|&s| s == 409),
+        "the port is the first proxy's alone: {lower:?}"
+    );
+    drop(proxy);
 }
 
 /// Goal: a thread count above the maximum is refused at start with a message naming the

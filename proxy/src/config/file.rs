@@ -100,16 +100,16 @@ pub struct ProxyConfig {
     pub audit_log_bytes_max: u64,
     /// Rotated audit files kept besides the current one; older ones are deleted.
     pub audit_log_keep: u32,
-    /// Serve the client listener with this many OS threads, each with its own
-    /// single-threaded runtime and its own listening socket on `listen` (`SO_REUSEPORT`:
-    /// the kernel spreads new connections across them), as event-loop-per-core servers
-    /// do: a connection stays on the thread that accepted it, so no worker steals or
-    /// wakes another. `limits.connections_max` is split across the threads (each admits
-    /// at most `ceil(connections_max / reuseport_threads)`); every other limit is
-    /// unchanged. The admin API, fleet lease renewal and the async runtime's other work
-    /// stay on the main runtime. 0 (the default): the client listener is served by the
-    /// main runtime. At most
-    /// [`REUSEPORT_THREADS_MAX`](super::REUSEPORT_THREADS_MAX).
+    /// Serve client connections on this many OS threads, each with its own
+    /// single-threaded runtime, as event-loop-per-core servers do: the one client
+    /// listener (bound exclusively, so that no other process can share its port) hands
+    /// each accepted connection to the threads in turn, and the connection stays on its
+    /// thread, so no worker steals or wakes another. Every limit is unchanged. The admin
+    /// API, fleet lease renewal, accepting and the async runtime's other work stay on
+    /// the main runtime. 0 (the default): the client listener is served by the main
+    /// runtime. At most [`REUSEPORT_THREADS_MAX`](super::REUSEPORT_THREADS_MAX). (Named
+    /// for its first form, one `SO_REUSEPORT` socket per thread, which let a second
+    /// process share the port.)
     pub reuseport_threads: usize,
     /// Limits on everything the outside world can make the proxy hold.
     pub limits: Limits,

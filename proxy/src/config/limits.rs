@@ -26,7 +26,7 @@ pub const BODY_ARRIVAL_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 pub struct Limits {
     /// Client connections open at once. At the limit, connections that are idle or have
     /// not sent a request head yet are closed to make room; if none is, accepts wait.
-    /// With `reuseport_threads`, each thread admits at most its share, rounded up.
+    /// One limit for the process, whatever `reuseport_threads` is.
     pub connections_max: usize,
     /// Time a client has to send a complete request head, counted from accept (or from
     /// the end of the previous response on a keep-alive connection), in milliseconds.
