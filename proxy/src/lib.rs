@@ -49,6 +49,8 @@
 //!   (through the protocol crate's connection table: timeouts from accept, idle-first
 //!   eviction), graceful shutdown. With `reuseport_threads`, the listener hands each
 //!   connection to one of that many OS threads, each with its own single-threaded runtime.
+//! - `loops`: the data-path threads, each its own runtime, and the hand-off of connections
+//!   to them.
 //! - `fds`: the file-descriptor limit raised at start to what the limits need.
 //! - `tls`: rustls configuration from PEM files.
 //! - `error`: [`ProxyError`], who caused it, and its one problem+json answer.
@@ -77,6 +79,7 @@ mod framing;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod loops;
 pub mod metrics;
 mod proof;
 mod routing;
@@ -326,10 +329,9 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
     };
     let admin_limits = admin::limits(limits, client_settings.drain_timeout);
     let mut tasks = JoinSet::new();
-    let loops = if config.reuseport_threads == 0 {
-        None
-    } else {
-        Some(data_threads(config.reuseport_threads, &mut tasks)?)
+    let loops = match config.data_threads() {
+        0 => None,
+        threads => Some(loops::start(threads, &mut tasks)?),
     };
     {
         let shared = Arc::clone(&shared);
@@ -340,7 +342,7 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
             shutdown_rx.clone(),
             loops,
             move |req, peer| {
-                DATA_THREAD_REQUESTS.with(|n| n.set(n.get() + 1));
+                loops::count_request();
                 service::handle(Arc::clone(&shared), req, peer)
             },
         );
@@ -394,72 +396,6 @@ pub async fn start(config: ProxyConfig) -> Result<ProxyHandle, StartError> {
         shutdown,
         tasks,
     })
-}
-
-thread_local! {
-    /// Requests served by this thread, for the data-path thread's closing log line: how
-    /// evenly the connections were spread.
-    static DATA_THREAD_REQUESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// Starts `threads` OS threads (`reuseport_threads`), each with its own single-threaded
-/// runtime, to which the client listener hands its connections in turn. Returns their
-/// loops, and the sender that stops them once the listener has drained: a thread then
-/// drops its runtime, which ends the connection tasks still on it (past the drain
-/// timeout). A task in `tasks` waits for each thread, so the handle's `wait` covers them;
-/// a thread that panicked is logged.
-fn data_threads(
-    threads: usize,
-    tasks: &mut JoinSet<()>,
-) -> Result<(Arc<server::Loops>, watch::Sender<bool>), StartError> {
-    let (stop, stopped) = watch::channel(false);
-    let mut handles = Vec::with_capacity(threads);
-    for index in 0..threads {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .thread_name(format!("palisade-data-{index}"))
-            .build()
-            .map_err(|source| StartError::DataThread { index, source })?;
-        handles.push(runtime.handle().clone());
-        let mut stopped = stopped.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("palisade-data-{index}"))
-            .spawn(move || {
-                upstream::set_thread_shard(index);
-                runtime.block_on(async move {
-                    let _ = stopped.wait_for(|stop| *stop).await;
-                });
-                // Ends the connection tasks still on this runtime, and the upstream
-                // connections dialled from it: pooled ones then read as closed wherever
-                // they are checked out.
-                drop(runtime);
-                tracing::info!(
-                    thread = index,
-                    requests = DATA_THREAD_REQUESTS.with(std::cell::Cell::get),
-                    "data-path thread stopped"
-                );
-            })
-            .map_err(|source| StartError::DataThread { index, source })?;
-        tasks.spawn(async move {
-            match tokio::task::spawn_blocking(move || thread.join()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(panic)) => {
-                    let cause = panic
-                        .downcast_ref::<&str>()
-                        .map(ToString::to_string)
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".to_owned());
-                    tracing::error!(thread = index, cause = %cause,
-                        "a data-path thread panicked; the connections it served are closed");
-                }
-                Err(e) => {
-                    tracing::error!(thread = index, cause = %e,
-                        "lost track of a data-path thread");
-                }
-            }
-        });
-    }
-    Ok((Arc::new(server::Loops::new(handles)), stop))
 }
 
 /// Fleet mode: a client of each node's API, with the cluster TLS settings; `None` in

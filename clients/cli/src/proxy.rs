@@ -116,9 +116,10 @@ pub(crate) struct ProxyArgs {
     /// Rotate the audit log when it would grow past this size [default: 67108864].
     #[arg(long, value_name = "BYTES", env = "PALISADE_AUDIT_LOG_BYTES_MAX")]
     audit_log_bytes_max: Option<u64>,
-    /// Serve client connections with N threads, each with its own single-threaded
-    /// runtime and `SO_REUSEPORT` socket on --listen (`connections_max` is split across
-    /// them); 0: off, the client listener runs on the main runtime [default: 0].
+    /// Serve client connections on N threads, each with its own single-threaded runtime
+    /// (an event loop per core), handed to them in turn by the one listener on --listen;
+    /// 0: the main runtime serves them, with work stealing [default: one per worker
+    /// thread, --worker-threads].
     #[arg(long, value_name = "N", env = "PALISADE_REUSEPORT_THREADS")]
     reuseport_threads: Option<usize>,
 }
@@ -212,7 +213,7 @@ impl ProxyArgs {
             config.audit_log_bytes_max = v;
         }
         if let Some(v) = self.reuseport_threads {
-            config.reuseport_threads = v;
+            config.reuseport_threads = Some(v);
         }
         Ok(config)
     }

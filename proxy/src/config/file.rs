@@ -106,11 +106,13 @@ pub struct ProxyConfig {
     /// each accepted connection to the threads in turn, and the connection stays on its
     /// thread, so no worker steals or wakes another. Every limit is unchanged. The admin
     /// API, fleet lease renewal, accepting and the async runtime's other work stay on
-    /// the main runtime. 0 (the default): the client listener is served by the main
-    /// runtime. At most [`REUSEPORT_THREADS_MAX`](super::REUSEPORT_THREADS_MAX). (Named
-    /// for its first form, one `SO_REUSEPORT` socket per thread, which let a second
-    /// process share the port.)
-    pub reuseport_threads: usize,
+    /// the main runtime. 0: the client listener's connections are served by the main
+    /// runtime, with its work stealing. Absent (the default): one thread per worker thread of the runtime the
+    /// proxy starts in (`--worker-threads`, one per CPU unless set). At most
+    /// [`REUSEPORT_THREADS_MAX`](super::REUSEPORT_THREADS_MAX). (Named for its first
+    /// form, one `SO_REUSEPORT` socket per thread, which let a second process share the
+    /// port.)
+    pub reuseport_threads: Option<usize>,
     /// Limits on everything the outside world can make the proxy hold.
     pub limits: Limits,
 }
@@ -240,7 +242,7 @@ impl Default for ProxyConfig {
             audit_log: None,
             audit_log_bytes_max: palisade_protocol::audit::AUDIT_LOG_BYTES_MAX_DEFAULT,
             audit_log_keep: palisade_protocol::audit::AUDIT_LOG_KEEP_DEFAULT,
-            reuseport_threads: 0,
+            reuseport_threads: None,
             limits: Limits::default(),
         }
     }
@@ -254,6 +256,17 @@ fn parse_default_addr(s: &str) -> SocketAddr {
 }
 
 impl ProxyConfig {
+    /// The data-path threads the client connections are served on: `reuseport_threads`,
+    /// or when absent one per worker thread of the current tokio runtime (1 outside
+    /// one, or in a current-thread runtime). 0: none, the main runtime serves them.
+    pub fn data_threads(&self) -> usize {
+        self.reuseport_threads.unwrap_or_else(|| {
+            tokio::runtime::Handle::try_current()
+                .map_or(1, |runtime| runtime.metrics().num_workers())
+                .clamp(1, super::REUSEPORT_THREADS_MAX)
+        })
+    }
+
     /// Reads a TOML file. Fields it leaves out keep their defaults.
     pub fn from_file(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

@@ -200,3 +200,24 @@ fn body_arrival_and_unfenced_stream_limits_parse_and_are_checked() {
     let err = c.validate().unwrap_err().to_string();
     assert!(err.contains("limits.body_arrival_timeout_ms"), "{err}");
 }
+
+/// Goal: the data-path threads default to one per worker of the runtime the proxy starts
+/// in, `reuseport_threads = 0` turns them off, and a number is taken as it is.
+/// Method: a runtime of 3 workers; the default, 0 and 5 from TOML.
+#[test]
+fn data_threads_default_to_the_runtime_workers() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(3)
+        .build()
+        .unwrap();
+    let _entered = runtime.enter();
+    let default = ProxyConfig::from_toml_str("").unwrap();
+    assert_eq!(default.reuseport_threads, None);
+    assert_eq!(default.data_threads(), 3);
+    let off = ProxyConfig::from_toml_str("reuseport_threads = 0").unwrap();
+    assert_eq!(off.data_threads(), 0);
+    let five = ProxyConfig::from_toml_str("reuseport_threads = 5").unwrap();
+    assert_eq!(five.data_threads(), 5);
+    let too_many = ProxyConfig::from_toml_str("reuseport_threads = 257").unwrap();
+    assert!(too_many.validate().is_err());
+}

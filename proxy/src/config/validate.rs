@@ -8,12 +8,13 @@ use super::{AUDIT_LOG_BYTES_MIN, ConfigError, ProxyConfig, REUSEPORT_THREADS_MAX
 impl ProxyConfig {
     /// Checks every field and every relation between fields; the error names the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.reuseport_threads > REUSEPORT_THREADS_MAX {
+        if let Some(threads) = self.reuseport_threads
+            && threads > REUSEPORT_THREADS_MAX
+        {
             return Err(invalid(
                 "reuseport_threads",
                 format!(
-                    "{} threads; at most {REUSEPORT_THREADS_MAX} (0 turns the mode off)",
-                    self.reuseport_threads
+                    "{threads} threads; at most {REUSEPORT_THREADS_MAX} (0 turns the mode off)"
                 ),
             ));
         }

@@ -129,7 +129,7 @@ impl HttpUpstream {
             tls,
             Duration::from_millis(limits.upstream_connect_timeout_ms),
             limits.upstream_idle_per_host,
-            config.reuseport_threads,
+            config.data_threads(),
         )?;
         Ok(Self {
             pool: Arc::new(pool),
