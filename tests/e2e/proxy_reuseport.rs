@@ -47,20 +47,7 @@ async fn puts_on_new_connections(addr: std::net::SocketAddr, path: &str, token: 
 /// The `requests` count of each "data-path thread stopped" line of a text log (whose
 /// fields may be coloured with ANSI escapes, which are removed first).
 fn requests_per_thread(log: &str) -> Vec<u64> {
-    let mut plain = String::with_capacity(log.len());
-    let mut chars = log.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // An escape runs to its final letter (`m` for colours).
-            for e in chars.by_ref() {
-                if e.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            plain.push(c);
-        }
-    }
+    let plain = palisade_cluster::without_ansi(log);
     plain
         .lines()
         .filter(|line| line.contains("data-path thread stopped"))

@@ -47,7 +47,7 @@ pub use node::{NodeProcess, NodeSpec, QUERY_TIMEOUT_MS};
 pub use palisade_protocol::{FaultSpec, LeaderView, Role};
 pub use process::{
     ChildGuard, Launch, Lines, PALISADE_BIN_ENV, palisade_bin, require_failpoints,
-    set_palisade_bin, spawn_launch, spawn_until, spawn_until_line,
+    set_palisade_bin, spawn_launch, spawn_until, spawn_until_line, without_ansi,
 };
 pub use proxy::{ADMIN_QUERY_TIMEOUT_MS, ProxyProcess};
 pub use trust::{OPERATOR_CERT_NAME, Pki, Trust, WRITER_CERT_NAME, proxy_cert_name};

@@ -222,6 +222,26 @@ pub struct Launch {
     pub prefix: Vec<String>,
 }
 
+/// `text` without terminal colour codes (`ESC [ ... m`), which the palisade processes'
+/// text logs carry even when their stderr is a file: for reading fields out of a log.
+pub fn without_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // An escape runs to its final letter (`m` for colours).
+            for e in chars.by_ref() {
+                if e.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Spawns `palisade <args>` with stderr to `log`, and waits for a stdout line containing
 /// `marker`. Returns the guard, that line, and a receiver of every later stdout line.
 pub fn spawn_until_line(

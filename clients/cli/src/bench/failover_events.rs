@@ -47,7 +47,7 @@ pub(super) fn steps(logs: &[String], paused_at: SystemTime, term: u64) -> Steps 
     let term_field = format!("term={term}");
     for log in logs {
         for raw in log.lines() {
-            let line = strip_ansi(raw);
+            let line = palisade_cluster::without_ansi(raw);
             let Some(ms) = after(&line) else { continue };
             let has_term = line.split_whitespace().any(|w| w == term_field);
             if line.contains("role changed") && line.contains("role=candidate") {
@@ -74,26 +74,6 @@ fn timestamp(line: &str) -> Option<SystemTime> {
     OffsetDateTime::parse(first, &Rfc3339)
         .ok()
         .map(SystemTime::from)
-}
-
-/// The line without terminal colour codes (`ESC [ ... m`), which the log has when the
-/// node's stderr is a file too.
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // Skip to the end of the escape sequence: a letter.
-            for e in chars.by_ref() {
-                if e.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[cfg(test)]
