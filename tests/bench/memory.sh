@@ -3,7 +3,8 @@
 # nginx `proxy_pass` beside it as a reference, at rest, holding 1,000 idle keep-alive
 # connections (`palisade bench --hold`: each connection sends one request, then stays
 # open), and under load (1 KiB PUTs with an equal token from 64 and from 1,000 busy
-# connections; the peak of samples every 0.2 s). Both proxies use one worker per core.
+# connections; the peak of samples every 0.2 s). Both proxies use one worker per core, or
+# BENCH_WORKERS each.
 # Idle connections are measured once palisade has parked them (about a second after
 # their request: their HTTP state and buffers freed; its gauge
 # palisade_proxy_connections_parked), waiting at most PARK_WAIT_S. They are opened in two
@@ -14,7 +15,7 @@
 #
 # Environment (defaults): BENCH_IDLE_CONNECTIONS (1000), BENCH_LOAD_CONNECTIONS ("64
 # 1000"), BENCH_DURATION (8 s of load), BENCH_DIR (/var/tmp), BENCH_KEEP (0),
-# BENCH_QUIET_WAIT (0), BENCH_PALISADE_BIN with BENCH_NO_BUILD=1 (another binary, see
+# BENCH_QUIET_WAIT (0), BENCH_WORKERS (the core count), BENCH_PALISADE_BIN with BENCH_NO_BUILD=1 (another binary, see
 # lib.sh). Default run time: about 1 minute plus the build.
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
@@ -38,14 +39,16 @@ wait_quiet
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 cores="$(nproc)"
+workers="${BENCH_WORKERS:-$cores}"
+case "$workers" in '' | *[!0-9]* | 0) die "BENCH_WORKERS: $workers is not a positive number" ;; esac
 up_port="$(free_port)"
 start_upstream "$up_port"
 nginx_port="$(free_port)"
-start_nginx_proxy "$nginx_port" "$up_port" "$cores"
+start_nginx_proxy "$nginx_port" "$up_port" "$workers"
 nginx_group="$SPAWNED"
 pal_port="$(free_port)"
 pal_admin="$(free_port)"
-start_palisade_proxy palisade "$pal_port" "$pal_admin" "$cores" "" \
+start_palisade_proxy palisade "$pal_port" "$pal_admin" "$workers" "" \
   --upstream "http://127.0.0.1:$up_port"
 pal_pid="$(pgrep -g "$SPAWNED" -x palisade)"
 curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
@@ -119,14 +122,14 @@ read -r -a nginx_all <<<"$(group_pids "$nginx_group")"
 measure nginx "$nginx_port" "" "${nginx_all[@]}"
 echo "palisade hwm $(awk '/^VmHWM:/ {print $2}' "/proc/$pal_pid/status")" >>"$RESULTS"
 
-python3 - "$RESULTS" "$cores" "$IDLE_CONNECTIONS" "$LOAD_CONNECTIONS" <<'EOF'
+python3 - "$RESULTS" "$cores" "$IDLE_CONNECTIONS" "$LOAD_CONNECTIONS" "$workers" <<'EOF'
 import sys
 v = {}
 for line in open(sys.argv[1]):
     name, key, value = line.split()
     v[(name, key)] = int(value)
 mib = lambda kib: f"{kib / 1024:.1f}"
-print(f"\nmemory benchmark: {sys.argv[2]} cores, {sys.argv[2]} workers per proxy; "
+print(f"\nmemory benchmark: {sys.argv[2]} cores, {sys.argv[5]} workers per proxy; "
       f"VmRSS in MiB (nginx: master and workers summed)\n")
 loads = sys.argv[4].split()
 print("| proxy | at rest | " + f"{sys.argv[3]} idle connections (seen) | "
