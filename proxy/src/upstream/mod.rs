@@ -77,7 +77,13 @@ pub(crate) struct HttpUpstream {
     base_path: String,
     timeout: Duration,
     /// One permit per request in flight to the upstream (`limits.upstream_requests_max`).
-    permits: Semaphore,
+    /// async-lock's rather than tokio's: every data-path thread takes and gives one per
+    /// request, and tokio's takes its waiters' mutex at each release, a lock the threads
+    /// shared; this one's release is an atomic add, with a notification only when some
+    /// request waits. Unlike tokio's it is not first-come first-served while the limit is
+    /// reached: a request arriving as a permit frees can take it before one that waits,
+    /// which then waits on, at most `permit_timeout` as before.
+    permits: async_lock::Semaphore,
     requests_max: usize,
     /// How long a request may wait for a permit: part of getting a connection, so
     /// `limits.upstream_connect_timeout_ms`.
@@ -144,7 +150,7 @@ impl HttpUpstream {
                 .map(|p| p.path().trim_end_matches('/').to_owned())
                 .unwrap_or_default(),
             timeout: Duration::from_millis(limits.upstream_timeout_ms),
-            permits: Semaphore::new(limits.upstream_requests_max),
+            permits: async_lock::Semaphore::new(limits.upstream_requests_max),
             requests_max: limits.upstream_requests_max,
             permit_timeout: Duration::from_millis(limits.upstream_connect_timeout_ms),
             unfenced_streams: Semaphore::new(limits.unfenced_streams_max()),
@@ -250,10 +256,9 @@ impl HttpUpstream {
             };
             // A free permit (the usual case) is taken without starting a timer.
             let _permit = match self.permits.try_acquire() {
-                Ok(permit) => permit,
-                Err(_) => tokio::time::timeout(self.permit_timeout, self.permits.acquire())
+                Some(permit) => permit,
+                None => tokio::time::timeout(self.permit_timeout, self.permits.acquire())
                     .await
-                    .map_err(|_| busy())?
                     .map_err(|_| busy())?,
             };
             let started = tokio::time::Instant::now();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::time::Instant;
 
-use super::slot::{CLOSING, Slot};
+use super::slot::{CLOSING, Slot, Told};
 use super::table::Table;
 use super::{CloseReason, Releasable, RequestTracker, Served, Stopped};
 
@@ -98,7 +98,6 @@ impl Admitted {
         let policy = &self.table.policy;
         let since = self.slot.signals.epoch
             + Duration::from_millis(self.slot.idle_since_ms.load(Ordering::Acquire));
-        let mut shutdown = self.table.shutdown.subscribe();
         tokio::select! {
             done = handshake => Ok(done),
             () = tokio::time::sleep_until(since + policy.header_read_timeout) => {
@@ -111,8 +110,7 @@ impl Admitted {
                         .unwrap_or(u64::MAX),
                 })
             }
-            () = self.slot.evict.notified() => Err(Stopped::Evicted),
-            _ = shutdown.wait_for(|stop| *stop) => Err(Stopped::ShuttingDown),
+            told = self.slot.told() => Err(stopped(told)),
         }
     }
 
@@ -150,12 +148,11 @@ impl Admitted {
     /// pinned would take room twice.
     pub async fn park<F: Future + Unpin>(&self, mut wake: F) -> Result<F::Output, Stopped> {
         let policy = &self.table.policy;
-        let mut shutdown = self.table.shutdown.subscribe();
         loop {
             let check = self.slot.next_check(policy, None);
             tokio::select! {
                 woke = &mut wake => return Ok(woke),
-                () = self.slot.evict.notified() => return Err(Stopped::Evicted),
+                told = self.slot.told() => return Err(stopped(told)),
                 () = tokio::time::sleep_until(check.at) => {
                     if let Some((reason, deadline)) = check.close
                         && Instant::now() >= deadline
@@ -173,7 +170,6 @@ impl Admitted {
                         return Err(stopped(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)));
                     }
                 }
-                _ = shutdown.wait_for(|stop| *stop) => return Err(Stopped::ShuttingDown),
             }
         }
     }
@@ -185,7 +181,6 @@ impl Admitted {
         release_after: Option<Duration>,
     ) -> Result<Served, Box<dyn StdError + Send + Sync>> {
         let policy = &self.table.policy;
-        let mut shutdown = self.table.shutdown.subscribe();
         // Once set, the connection is only driven to its end.
         let mut closing = false;
         // Whether the close was ours and already counted.
@@ -208,9 +203,9 @@ impl Admitted {
                         }
                     };
                 }
-                () = self.slot.evict.notified(), if !closing => {
-                    // Counted by the eviction.
-                    counted = true;
+                told = self.slot.told(), if !closing => {
+                    // An eviction has counted the close already.
+                    counted = told == Told::Evicted;
                     closing = true;
                     conn.as_mut().close_gracefully();
                 }
@@ -233,10 +228,6 @@ impl Admitted {
                         closing = true;
                         conn.as_mut().release();
                     }
-                }
-                _ = shutdown.wait_for(|stop| *stop), if !closing => {
-                    closing = true;
-                    conn.as_mut().close_gracefully();
                 }
             }
         }
@@ -263,4 +254,12 @@ impl Admitted {
 fn is_hyper_header_timeout(err: &(dyn StdError + 'static)) -> bool {
     err.downcast_ref::<hyper::Error>()
         .is_some_and(hyper::Error::is_timeout)
+}
+
+/// What a wait ends with when its slot is told to stop.
+fn stopped(told: Told) -> Stopped {
+    match told {
+        Told::Evicted => Stopped::Evicted,
+        Told::ShuttingDown => Stopped::ShuttingDown,
+    }
 }

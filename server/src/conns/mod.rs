@@ -402,4 +402,61 @@ mod tests {
         .unwrap();
         assert_eq!(parked, Err(Stopped::Evicted));
     }
+
+    /// Goal: shutdown reaches every connection through its own slot: one waiting when it
+    /// comes, one admitted after it (told at once), and an eviction that came first is
+    /// still reported as the eviction.
+    /// Method: paused clock; park a served connection, shut down: the park stops with
+    /// `ShuttingDown`. Admit another after the shutdown: its park stops at once, and so
+    /// does its handshake. With a limit of 1, park a served connection, admit a second
+    /// (evicting the first), then shut down: the first park reports `Evicted`.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_reaches_waiting_and_later_connections_and_keeps_an_eviction() {
+        let conns = table(4);
+        let waiting = conns.try_admit().unwrap();
+        drop(waiting.requests().enter());
+        let park = waiting.park(std::future::pending::<()>());
+        tokio::pin!(park);
+        assert!(
+            tokio::time::timeout(Duration::from_secs(1), park.as_mut())
+                .await
+                .is_err(),
+            "the park ended before the shutdown"
+        );
+        conns.shutdown();
+        let parked = tokio::time::timeout(Duration::from_secs(1), park)
+            .await
+            .unwrap();
+        assert_eq!(parked, Err(Stopped::ShuttingDown));
+
+        let later = conns.try_admit().unwrap();
+        let handshake = tokio::time::timeout(
+            Duration::from_secs(1),
+            later.handshake(std::future::pending::<()>()),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(handshake, Err(Stopped::ShuttingDown)));
+        let parked = tokio::time::timeout(
+            Duration::from_secs(1),
+            later.park(std::future::pending::<()>()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(parked, Err(Stopped::ShuttingDown));
+
+        let conns = table(1);
+        let evicted = conns.try_admit().unwrap();
+        drop(evicted.requests().enter());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let _newer = conns.try_admit().unwrap();
+        conns.shutdown();
+        let parked = tokio::time::timeout(
+            Duration::from_secs(1),
+            evicted.park(std::future::pending::<()>()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(parked, Err(Stopped::Evicted));
+    }
 }

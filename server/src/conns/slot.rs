@@ -2,7 +2,7 @@
 //! since when it has been idle, and what its task should do next.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -12,6 +12,14 @@ use super::{CloseReason, ConnPolicy};
 
 /// Set in a slot's state word once the slot is claimed for closing.
 pub(super) const CLOSING: u32 = 1 << 31;
+
+/// Why a slot's task was told to stop (see [`Slot::tell`]): its slot was claimed by an
+/// eviction, or its listener is shutting down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Told {
+    Evicted = 1,
+    ShuttingDown = 2,
+}
 
 /// What every slot and guard shares.
 pub(super) struct Signals {
@@ -43,12 +51,44 @@ pub(super) struct Slot {
     /// Milliseconds since `Signals::epoch` at admission, then at the end of the latest
     /// response.
     pub(super) idle_since_ms: AtomicU64,
-    /// Told when the slot was claimed by an eviction.
-    pub(super) evict: Notify,
+    /// [`Told`] reasons, as bits, set before `told` is notified.
+    pub(super) reasons: AtomicU8,
+    /// Notified when the slot is claimed by an eviction or the listener shuts down.
+    ///
+    /// One notifier per slot, rather than one the whole listener shares (as a watch
+    /// channel of its shutdown was): the connection's task polls this on every wake-up,
+    /// and a waiting `Notified` takes its notifier's lock at each poll. Shared, that lock
+    /// was one cache line for every connection of every data-path thread; per slot, it is
+    /// only ever taken by the slot's own thread, except at the one eviction or shutdown.
+    pub(super) told: Notify,
     pub(super) signals: Arc<Signals>,
 }
 
 impl Slot {
+    /// Tells the slot's task to stop, for `why`. A task not waiting yet sees it at its
+    /// next wait (`Notify` keeps the permit).
+    pub(super) fn tell(&self, why: Told) {
+        self.reasons.fetch_or(why as u8, Ordering::AcqRel);
+        self.told.notify_one();
+    }
+
+    /// Waits until the slot is told to stop, and says why; at once if it was told before
+    /// (the reasons stay set, so every later wait sees them too). An eviction wins over a
+    /// shutdown when both came, since the eviction has already counted the close.
+    pub(super) async fn told(&self) -> Told {
+        loop {
+            let reasons = self.reasons.load(Ordering::Acquire);
+            if reasons & Told::Evicted as u8 != 0 {
+                return Told::Evicted;
+            }
+            if reasons & Told::ShuttingDown as u8 != 0 {
+                return Told::ShuttingDown;
+            }
+            // A `tell` between the load and this wait leaves a permit, which ends it.
+            self.told.notified().await;
+        }
+    }
+
     /// Claims the slot for closing if nothing is in flight.
     pub(super) fn claim_idle(&self) -> bool {
         self.state

@@ -2,14 +2,14 @@
 //! shutdown and drain.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::slot::{Signals, Slot};
+use super::slot::{Signals, Slot, Told};
 use super::{ADMISSION_RECHECK_MS, Admitted, CloseReason, ConnPolicy};
 
 pub(super) struct Open {
@@ -21,7 +21,9 @@ pub(super) struct Table {
     pub(super) policy: ConnPolicy,
     pub(super) signals: Arc<Signals>,
     pub(super) open: Mutex<Open>,
-    pub(super) shutdown: watch::Sender<bool>,
+    /// Set, under the `open` lock, by [`Connections::shutdown`]: a slot admitted after it
+    /// is told at once.
+    pub(super) stopping: AtomicBool,
 }
 
 impl Table {
@@ -57,7 +59,6 @@ impl Connections {
     /// No connections yet.
     #[must_use]
     pub fn new(policy: ConnPolicy) -> Self {
-        let (shutdown, _) = watch::channel(false);
         Self {
             table: Arc::new(Table {
                 policy,
@@ -72,7 +73,7 @@ impl Connections {
                     next_id: 0,
                     slots: HashMap::new(),
                 }),
-                shutdown,
+                stopping: AtomicBool::new(false),
             }),
         }
     }
@@ -98,7 +99,7 @@ impl Connections {
         let mut open = table.open();
         if open.slots.len() >= table.policy.connections_max {
             let victim = evict_oldest_idle(&mut open.slots)?;
-            victim.evict.notify_one();
+            victim.tell(Told::Evicted);
             table.closed(CloseReason::EvictedIdle);
             tracing::debug!(
                 listener = table.policy.name,
@@ -113,9 +114,13 @@ impl Connections {
             state: AtomicU32::new(0),
             served: AtomicBool::new(false),
             idle_since_ms: AtomicU64::new(table.signals.now_ms()),
-            evict: Notify::new(),
+            reasons: AtomicU8::new(0),
+            told: Notify::new(),
             signals: Arc::clone(&table.signals),
         });
+        if table.stopping.load(Ordering::Acquire) {
+            slot.tell(Told::ShuttingDown);
+        }
         open.slots.insert(id, Arc::clone(&slot));
         table.signals.live.fetch_add(1, Ordering::AcqRel);
         Some(Admitted {
@@ -145,7 +150,11 @@ impl Connections {
     /// Asks every connection to finish: idle ones close at once, busy ones after their
     /// requests in flight.
     pub fn shutdown(&self) {
-        self.table.shutdown.send_replace(true);
+        let open = self.table.open();
+        self.table.stopping.store(true, Ordering::Release);
+        for slot in open.slots.values() {
+            slot.tell(Told::ShuttingDown);
+        }
     }
 
     /// Waits until no admitted connection is left.
