@@ -83,7 +83,8 @@ for threads in ${BENCH_PROFILE_THREADS:-1 4 8}; do
   pid="$(pgrep -g "$group" -x palisade)"
   curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
     "http://127.0.0.1:$admin/v1/fences/default" >/dev/null
-  spawn "profile-load-$threads" taskset -c "$client_cpus" env PALISADE_WORKER_THREADS=5 \
+  spawn "profile-load-$threads" taskset -c "$client_cpus" \
+    env PALISADE_WORKER_THREADS="$(taskset -c "$client_cpus" nproc)" \
     "$PALISADE" bench --url "http://127.0.0.1:$port/p" --method PUT --body-bytes 1024 \
     --token "$TOKEN" --connections "$BENCH_CONNECTIONS" --duration 8
   load="$SPAWNED"
