@@ -11,6 +11,13 @@ BENCH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # BENCH_PALISADE_BIN: another binary to run (with BENCH_NO_BUILD=1, say a copy that a
 # concurrent build cannot replace in the middle of a run).
 PALISADE="${BENCH_PALISADE_BIN:-$BENCH_ROOT/target/release/palisade}"
+# The scripts find the proxy's process by its name (`pgrep -x palisade`), which is the
+# file's name: a copy must keep it (say /tmp/build-a/palisade, not /tmp/palisade-a).
+if [ "$(basename "$PALISADE")" != palisade ]; then
+  printf 'error: BENCH_PALISADE_BIN=%s: the file must be named palisade (put copies in separate folders)\n' \
+    "$PALISADE" >&2
+  exit 1
+fi
 # Process groups to kill on exit (each child is started with setsid, so pid = pgid).
 BENCH_PGIDS=()
 BENCH_WORK=""

@@ -15,8 +15,9 @@
 #
 # Environment (defaults): BENCH_IDLE_CONNECTIONS (1000), BENCH_LOAD_CONNECTIONS ("64
 # 1000"), BENCH_DURATION (8 s of load), BENCH_DIR (/var/tmp), BENCH_KEEP (0),
-# BENCH_QUIET_WAIT (0), BENCH_WORKERS (the core count), BENCH_PALISADE_BIN with BENCH_NO_BUILD=1 (another binary, see
-# lib.sh). Default run time: about 1 minute plus the build.
+# BENCH_QUIET_WAIT (0), BENCH_WORKERS (the core count), BENCH_PALISADE_BIN with
+# BENCH_NO_BUILD=1 (another binary, see lib.sh). Default run time: about 1 minute plus the
+# build.
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
 
