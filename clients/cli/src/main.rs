@@ -6,6 +6,7 @@ mod bench;
 mod certs;
 mod client_cmds;
 mod client_trust;
+mod code_pages;
 mod demo;
 mod fence_cmd;
 mod keys;

@@ -232,6 +232,11 @@ pub(crate) async fn run(args: ProxyArgs) -> Result<(), Failure> {
         admin: handle.admin,
     };
     println!("{ready}");
+    // Start-up is over: what it ran need not stay resident.
+    match crate::code_pages::shed() {
+        Ok(bytes) => tracing::debug!(bytes, "code pages shed"),
+        Err(e) => tracing::warn!("cannot shed the start-up's code pages: {e}"),
+    }
     crate::shutdown_signal().await;
     handle.shutdown();
     handle.wait().await;
