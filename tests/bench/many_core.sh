@@ -3,8 +3,9 @@
 # HAProxy side by side (proxy.sh) at 1, 2, 4 and 8 proxy threads, each pinned to its own
 # cores, PUTs and GETs; peak memory at 1,000 busy connections with 4 workers each
 # (memory.sh), once alone and once after a phase of 64 busy connections (on 16 cores the
-# allocator's thread caches keep about 20 MiB from that phase); and, where `perf` works, a flat CPU profile of the palisade proxy under
-# load at 1, 4 and 8 threads, to see where a cost that grows with threads goes.
+# allocator's thread caches keep up to about 20 MiB from that phase); and, where `perf`
+# works, a flat CPU profile of the palisade proxy under load at 1, 4 and 8 threads, to
+# see where a cost that grows with threads goes.
 #
 # Cores: for 1, 2 and 4 threads, the upstream on 0-3, the proxies from core 4, the load
 # generator on 8-15; for 8 threads, the upstream on 0-2, the proxies on 3-10 and the load
