@@ -19,8 +19,9 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use palisade_server::LazyTimer;
 use palisade_server::{Admitted, ConnPolicy, Connections, Releasable, Served};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -270,18 +271,18 @@ impl Http {
         // service instead (`service::check_head_size`, 431 as before).
         let buf_max = settings.header_bytes_max.max(READ_BUFFER_BYTES_MAX);
         let mut h1 = http1::Builder::new();
-        h1.timer(TokioTimer::new())
+        h1.timer(LazyTimer)
             .header_read_timeout(settings.header_read_timeout)
             .max_buf_size(buf_max)
             .keep_alive(true);
         let mut auto = auto::Builder::new(TokioExecutor::new());
         auto.http1()
-            .timer(TokioTimer::new())
+            .timer(LazyTimer)
             .header_read_timeout(settings.header_read_timeout)
             .max_buf_size(buf_max)
             .keep_alive(true);
         auto.http2()
-            .timer(TokioTimer::new())
+            .timer(LazyTimer)
             .max_header_list_size(u32::try_from(settings.header_bytes_max).unwrap_or(u32::MAX))
             .max_concurrent_streams(settings.h2_streams_max);
         // hyper's HTTP/1 header timer also runs while a connection idles between requests

@@ -29,6 +29,8 @@
 //!   that appends and rotates; security records and rate-limited noise in two files);
 //!   the line it writes is `palisade_protocol::audit`'s.
 //! - `html`: the status pages' escaping, page frame and times.
+//! - `timer`: [`LazyTimer`] and [`LazySleep`], hyper's timer and a connection's deadlines,
+//!   moved later without touching tokio's timer wheel.
 #![deny(missing_docs)]
 
 mod api;
@@ -37,6 +39,7 @@ mod conns;
 pub mod html;
 pub mod roles;
 mod serve;
+mod timer;
 pub mod tls;
 
 pub use api::{ApiJson, ApiProblem, ApiQuery, finish};
@@ -46,3 +49,4 @@ pub use conns::{
     Releasable, RequestTracker, Served, Stopped, TrackedBody, read_body,
 };
 pub use serve::{ACCEPT_BACKOFF_MS, ControlLimits, serve, serve_tls};
+pub use timer::{LazySleep, LazyTimer};

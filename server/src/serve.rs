@@ -11,7 +11,7 @@ use axum::Router;
 use axum::extract::{ConnectInfo, Request};
 use axum::response::IntoResponse as _;
 use http::StatusCode;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use palisade_protocol::Problem;
 use palisade_protocol::headers::PROBLEM_JSON;
 use palisade_protocol::problem::kind;
@@ -105,7 +105,7 @@ pub async fn serve_tls(
     // hyper's own timer covers heads on keep-alive connections and heads that have
     // started arriving; the connection table covers the time from accept.
     builder
-        .timer(TokioTimer::new())
+        .timer(crate::LazyTimer)
         .header_read_timeout(limits.header_read_timeout);
     tokio::pin!(shutdown);
     loop {

@@ -19,6 +19,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use palisade_server::LazySleep;
 use tokio::sync::Semaphore;
 
 use self::pool::{Checkout, Pool, PooledBody, Sender};
@@ -367,6 +368,9 @@ impl HttpUpstream {
         start: tokio::time::Instant,
     ) -> Option<Result<(Response<Incoming>, Option<Sender>), ProxyError>> {
         let mut send = std::pin::pin!(self.exchange(request));
+        // A lazy sleep: its polls while the exchange waits do not call into tokio's
+        // timer, and moving it later is free.
+        let mut timer = std::pin::pin!(LazySleep::until(start + self.timeout));
         loop {
             let deadline = match exchange {
                 Some(exchange) => exchange.upstream_deadline(self.timeout),
@@ -375,11 +379,12 @@ impl HttpUpstream {
             // While the body waits for its client, the body's idle timeout applies, not
             // this one; look again a timeout later.
             let wake = deadline.unwrap_or_else(|| tokio::time::Instant::now() + self.timeout);
+            timer.as_mut().reset(wake);
             tokio::select! {
                 // The exchange first, always: no random pick between the branches.
                 biased;
                 result = &mut send => return Some(result),
-                () = tokio::time::sleep_until(wake) => {}
+                () = timer.as_mut() => {}
             }
             let now = tokio::time::Instant::now();
             let late = match exchange {

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::slot::{CLOSING, Slot, Told};
 use super::table::Table;
 use super::{CloseReason, Releasable, RequestTracker, Served, Stopped};
+use crate::LazySleep;
 
 /// Adapts a hyper connection to [`Releasable`] for [`Admitted::serve`], which never
 /// releases.
@@ -187,8 +188,11 @@ impl Admitted {
         let mut counted = false;
         // Whether the end is a release rather than a close.
         let mut released = false;
+        // Polled at every wake-up of the connection's task: a lazy sleep answers those
+        // polls without calling into tokio's timer, and moving it later is free.
+        let mut check = self.slot.next_check(policy, release_after);
+        let mut timer = std::pin::pin!(LazySleep::until(check.at));
         loop {
-            let check = self.slot.next_check(policy, release_after);
             tokio::select! {
                 ended = conn.as_mut() => {
                     return match ended {
@@ -209,7 +213,7 @@ impl Admitted {
                     closing = true;
                     conn.as_mut().close_gracefully();
                 }
-                () = tokio::time::sleep_until(check.at), if !closing => {
+                () = timer.as_mut(), if !closing => {
                     let now = Instant::now();
                     if let Some((reason, deadline)) = check.close
                         && now >= deadline
@@ -230,6 +234,8 @@ impl Admitted {
                     }
                 }
             }
+            check = self.slot.next_check(policy, release_after);
+            timer.as_mut().reset(check.at);
         }
     }
 
