@@ -17,7 +17,10 @@
 #
 # BASELINE_BIN=PATH adds a fourth target, "before": a second palisade binary (say, the
 # release build of an older commit) measured in the same rounds, for a before/after
-# table from one run.
+# table from one run. BASELINE_NAME (before) names it in the tables: the benchmarks'
+# yardstick, `BASELINE_BIN=target/release/palisade-floor BASELINE_NAME=floor` (built by
+# `cargo build --release -p palisade-floor`), shows how far palisade is from the least an
+# HTTP/1 proxy on tokio does per request (tests/bench/floor/src/main.rs).
 #
 # BENCH_COUNTS=1 measures what does not depend on the machine's load instead:
 # instructions per request in user space (valgrind callgrind; the difference between a
@@ -156,7 +159,7 @@ if [ "${BENCH_COUNTS:-0}" = 1 ]; then
   start_upstream "$up_port" 1
   up_pid="$SPAWNED"
   counts=("nginx nginx" "palisade $PALISADE")
-  [ -n "${BASELINE_BIN:-}" ] && counts+=("before $BASELINE_BIN")
+  [ -n "${BASELINE_BIN:-}" ] && counts+=("${BASELINE_NAME:-before} $BASELINE_BIN")
   echo
   echo "user-space instructions per request, from the difference of $few and $many requests;"
   echo "8 connections, PUT $BODY_BYTES B with an equal token, one worker"
@@ -326,9 +329,11 @@ EOF
   stop "$up_pid"
 done
 
-python3 - "$RESULTS" "$BENCH_WORK/io.jsonl" "$(nproc)" <<'EOF'
+python3 - "$RESULTS" "$BENCH_WORK/io.jsonl" "$(nproc)" "${BASELINE_NAME:-before}" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+# The baseline runs as "before"; the tables give it BASELINE_NAME.
+name = lambda target: sys.argv[4] if target == "before" else target
 io = [json.loads(l) for l in open(sys.argv[2])]
 def med(xs):
     xs = [x for x in xs if x is not None]
@@ -356,7 +361,7 @@ for t, meth in keys:
                  non2xx=sum(r["non_2xx"] for r in rs), errors=sum(r["errors"] for r in rs))
         summary[(t, meth, target)] = m
         cpu = "| | " if target == "direct" else f"{m['cpu']:.1f} | {m['user']:.1f} | {m['system']:.1f}"
-        print(f"| {t} | {meth} | {target} | {m['rps']:.0f} | {m['p50']:.3f} | {m['p99']:.3f} | {cpu} | {m['non2xx']} | {m['errors']} |")
+        print(f"| {t} | {meth} | {name(target)} | {m['rps']:.0f} | {m['p50']:.3f} | {m['p99']:.3f} | {cpu} | {m['non2xx']} | {m['errors']} |")
 
 def per_round(t, meth, a, b, key):
     # The ratio within each round (both measured back to back), then its median.
@@ -373,7 +378,7 @@ def per_round(t, meth, a, b, key):
 pairs = [("palisade", "nginx")] + ([("haproxy", "nginx")] if "haproxy" in targets else [])
 pairs += [("before", "nginx"), ("palisade", "before")] if "before" in targets else []
 for a, b in pairs:
-    print(f"\n| threads | method | {a}/{b} req/s | p50 | p99 | CPU per request (medians) | CPU per request (median of per-round ratios) |")
+    print(f"\n| threads | method | {name(a)}/{name(b)} req/s | p50 | p99 | CPU per request (medians) | CPU per request (median of per-round ratios) |")
     print("|---|---|---|---|---|---|---|")
     for t, meth in keys:
         p, n = summary[(t, meth, a)], summary[(t, meth, b)]
