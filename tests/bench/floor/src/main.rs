@@ -396,4 +396,38 @@ mod tests {
             "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n",
         );
     }
+
+    /// Goal: a head that never ends, or a body longer than its peer sends, ends the
+    /// connection at the limit or at the peer's close: the reader neither grows past
+    /// `HEAD_BYTES_MAX` nor waits forever for bytes that cannot come.
+    #[tokio::test]
+    async fn an_endless_head_and_a_short_body_end_the_read() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = tokio::spawn(async move {
+            let mut endless = TcpStream::connect(addr).await.unwrap();
+            let mut line = b"PUT / HTTP/1.1\r\n".to_vec();
+            line.extend(std::iter::repeat_n(b'a', HEAD_BYTES_MAX));
+            // The reader stops at its limit and drops the connection: the write may fail.
+            let _ = endless.write_all(&line).await;
+            let mut short = TcpStream::connect(addr).await.unwrap();
+            short
+                .write_all(b"PUT / HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc")
+                .await
+                .unwrap();
+        });
+        let mut out = Vec::new();
+        let (mut endless, _) = listener.accept().await.unwrap();
+        let read = Reader::new()
+            .message(&mut endless, &mut out, parse_request)
+            .await;
+        assert_eq!(read, Err("a head over HEAD_BYTES_MAX"));
+        drop(endless);
+        let (mut short, _) = listener.accept().await.unwrap();
+        peer.await.unwrap();
+        let read = Reader::new()
+            .message(&mut short, &mut out, parse_request)
+            .await;
+        assert_eq!(read, Err("the peer closed mid-body"));
+    }
 }
