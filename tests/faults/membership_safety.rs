@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use palisade_client::{LeaderView, MemberRole, NodeApi, Role};
 use palisade_cluster::{free_port, wait};
+use palisade_protocol::FaultSpec;
+use palisade_tests::scenario::Scenario;
 
 use crate::membership::{
     STEP, Shown, add_and_join, api, settle_and_finish, start_three, view_of,
@@ -272,14 +274,29 @@ async fn force_new_cluster_brings_back_a_lone_survivor_with_a_higher_token() {
 /// removed and a leader of a higher term is announced; check the history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_the_leader_moves_leadership_first() {
-    let (mut s, leader, _follower, term) = start_three().await;
+    let (s, leader, _follower, term) = start_three().await;
     let url = s.cluster.node(leader).unwrap().api_url("");
     let id = leader.to_string();
-    let (code, out, stderr) = remove_forced(&url, &id).await;
+    let removed = remove_forced(&url, &id).await;
+    s.say("the leader was asked to remove itself through its own API");
+    finish_leader_removal(s, leader, term, removed, "remove the leader").await;
+}
+
+/// The end of a test that removed `leader` (whose term was `term`): `removed`, the
+/// output of `palisade member remove --json`, must show it removed; the removed process is
+/// killed; every node must show it removed, and a leader of a higher term be announced;
+/// then the history is checked.
+async fn finish_leader_removal(
+    mut s: Scenario,
+    leader: u64,
+    term: u64,
+    (code, out, stderr): (Option<i32>, String, String),
+    what: &str,
+) {
     assert_eq!(code, Some(0), "removing the leader: {stderr}");
     let list: palisade_client::MemberList = serde_json::from_str(&out).unwrap();
     assert!(list.removed.contains(&leader), "{list:?}");
-    s.say("the leader was removed through its own API");
+    s.say("the leader was removed");
     let i = s
         .cluster
         .nodes
@@ -291,5 +308,62 @@ async fn removing_the_leader_moves_leadership_first() {
     let now = s.wait_announced_leader(term, Some(leader)).await;
     assert_ne!(now.node_id, leader);
     assert!(now.term > term, "the token grew: {} after {term}", now.term);
-    settle_and_finish(s, "remove the leader").await;
+    settle_and_finish(s, what).await;
+}
+
+/// Goal: removing the leader completes even when the node that takes over cannot remove
+/// it at first. A leader refuses a removal that would need a voter it has not heard from
+/// lately, and it drops such a proposal forwarded by a follower without an answer (raft
+/// has none to give); the old leader, now a follower, proposes the removal again until it
+/// is applied, instead of waiting out the whole timeout (504). Method: three nodes with
+/// workers; the two followers cut off from each other (test faults), so the one that takes
+/// over hears only from the old leader; remove the leader through its own API; once the
+/// new leader's log shows the forwarded removal refused, heal the cut; the removal answers
+/// success; kill the removed process; every node shows it removed, a leader of a higher
+/// term is announced, and the history checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_leader_outlasts_a_new_leader_that_cannot_remove_it_yet() {
+    let (s, leader, _follower, term) = start_three().await;
+    let followers: Vec<u64> = s
+        .cluster
+        .ids()
+        .into_iter()
+        .filter(|&i| i != leader)
+        .collect();
+    for (one, other) in [(followers[0], followers[1]), (followers[1], followers[0])] {
+        let cut = FaultSpec {
+            drop: [other].into(),
+            ..FaultSpec::default()
+        };
+        s.cluster.node(one).unwrap().set_faults(&cut).await.unwrap();
+    }
+    s.say("the two followers are cut off from each other");
+    let url = s.cluster.node(leader).unwrap().api_url("");
+    let id = leader.to_string();
+    let remove = tokio::spawn(async move {
+        palisade(&[
+            "member", "remove", "--node", &url, "--id", &id, "--force", "--json",
+        ])
+        .await
+    });
+    let refused = wait::poll(STEP, || {
+        let logs: Vec<String> = followers
+            .iter()
+            .map(|&f| s.cluster.node(f).unwrap().guard.log_text())
+            .collect();
+        std::future::ready(
+            logs.iter()
+                .any(|log| log.contains("forwarded membership change refused"))
+                .then_some(()),
+        )
+    })
+    .await;
+    assert!(
+        refused.is_some(),
+        "the new leader never refused the forwarded removal"
+    );
+    s.cluster.heal().await.unwrap();
+    s.say("the new leader refused the forwarded removal; the cut is healed");
+    let removed = remove.await.unwrap();
+    finish_leader_removal(s, leader, term, removed, "remove the leader past a refusal").await;
 }

@@ -30,6 +30,14 @@ pub(crate) struct Commands {
 /// that had to come first settles on a new leader.
 const MEMBER_RETRY_MS: u64 = 50;
 
+/// How long the removal of a former leader, once proposed to the new leader, may go
+/// unapplied before it is proposed again (within [`MEMBER_CHANGE_TIMEOUT_MS`] in all).
+/// A follower's proposal is forwarded to the leader, which may drop it without telling
+/// the follower: a leader elected a moment ago refuses a removal until it has heard from
+/// a quorum of the voters that would remain, and it may not have heard from all of them
+/// yet. Applying a removal takes a few heartbeats; this is several times that.
+const MEMBER_REPROPOSE_MS: u64 = 1_000;
+
 impl Commands {
     /// Commands into the loop that reads `tx`'s inbox.
     pub(crate) fn new(tx: mpsc::Sender<Msg>) -> Self {
@@ -98,17 +106,59 @@ impl Commands {
         change: MemberChange,
     ) -> Result<MemberList, MemberError> {
         let rx = members.clone();
+        let removing_self = matches!(change, MemberChange::Remove { id, .. } if id == own_id);
+        let done = |l: &MemberList| change.is_done(l) && (!l.joint || removing_self);
         match self.member_change(change.clone()).await {
             // Removing the leader (as etcd's `member remove` does): move leadership to
             // another voter first, then propose the removal to the new leader.
             Err(MemberError::IsLeader { id }) => {
                 self.move_leadership_off(id, own_id).await?;
-                self.propose_after_transfer(&change).await?;
+                return self.propose_until_applied(rx, &change, done).await;
             }
             other => other?,
         }
-        let removing_self = matches!(change, MemberChange::Remove { id, .. } if id == own_id);
-        wait_applied(rx, |l| change.is_done(l) && (!l.joint || removing_self)).await
+        wait_applied(rx, done).await
+    }
+
+    /// Proposes `change` to the new leader after a transfer, and again every
+    /// [`MEMBER_REPROPOSE_MS`] while it is not applied (the new leader may have dropped
+    /// it), until `done` holds or [`MEMBER_CHANGE_TIMEOUT_MS`] passed. A proposal made
+    /// again is harmless: the leader checks it against the members as they are then, and
+    /// raft takes one configuration change at a time.
+    async fn propose_until_applied(
+        &self,
+        mut rx: watch::Receiver<MemberList>,
+        change: &MemberChange,
+        done: impl Fn(&MemberList) -> bool,
+    ) -> Result<MemberList, MemberError> {
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(MEMBER_CHANGE_TIMEOUT_MS);
+        loop {
+            match self.propose_after_transfer(change, deadline).await {
+                // Proposed; or a change is in progress, most likely this one's earlier
+                // proposal: wait for it either way.
+                Ok(()) | Err(MemberError::Pending) => {}
+                Err(err) => {
+                    // Refused because an earlier proposal was applied meanwhile: done.
+                    let now = rx.borrow().clone();
+                    return if done(&now) { Ok(now) } else { Err(err) };
+                }
+            }
+            let window = (tokio::time::Instant::now() + Duration::from_millis(MEMBER_REPROPOSE_MS))
+                .min(deadline);
+            match tokio::time::timeout_at(window, rx.wait_for(&done)).await {
+                Ok(Ok(list)) => return Ok(list.clone()),
+                Ok(Err(_)) => return Err(MemberError::Stopped),
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    debug!(?change, "the change is not applied yet: proposing it again");
+                }
+                Err(_) => {
+                    return Err(MemberError::TimedOut {
+                        waited_ms: MEMBER_CHANGE_TIMEOUT_MS,
+                    });
+                }
+            }
+        }
     }
 
     /// Moves leadership off `leader` before its removal: a leader asked to remove itself
@@ -131,10 +181,12 @@ impl Commands {
 
     /// Proposes `change` once a new leader (after a transfer) can take it: while no leader
     /// is known yet, or the old one still leads, the proposal is tried again every
-    /// [`MEMBER_RETRY_MS`] until [`MEMBER_CHANGE_TIMEOUT_MS`] passed.
-    async fn propose_after_transfer(&self, change: &MemberChange) -> Result<(), MemberError> {
-        let deadline =
-            tokio::time::Instant::now() + Duration::from_millis(MEMBER_CHANGE_TIMEOUT_MS);
+    /// [`MEMBER_RETRY_MS`] until `deadline`.
+    async fn propose_after_transfer(
+        &self,
+        change: &MemberChange,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), MemberError> {
         loop {
             match self.member_change(change.clone()).await {
                 Err(
