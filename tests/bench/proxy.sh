@@ -54,8 +54,8 @@
 # Environment (defaults): BENCH_THREADS ("1 2"), BENCH_ROUNDS (5), BENCH_DURATION (4 s),
 # BENCH_WARMUP (1 s), BENCH_CONNECTIONS (32), BENCH_BODY_BYTES (1024), BENCH_DIR
 # (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0 s: how long to wait for a quiet machine),
-# BENCH_PIN (1), BASELINE_BIN (none), BENCH_COUNTS (0), COUNT_FEW (1000), COUNT_MANY
-# (6000), COUNT_REPEATS (3).
+# BENCH_PIN (1), BASELINE_BIN (none), BASELINE_NAME (before), BENCH_COUNTS (0), COUNT_FEW
+# (1000), COUNT_MANY (6000), COUNT_REPEATS (3).
 # Default run time: about 3 minutes plus the build (4 with BASELINE_BIN); with
 # BENCH_COUNTS=1 about 8.
 # shellcheck source-path=SCRIPTDIR
