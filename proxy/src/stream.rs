@@ -43,6 +43,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use metrics::{Counter, Gauge};
+use palisade_server::LazySleep;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
@@ -267,9 +268,10 @@ pub(crate) struct RequestBody<B = Incoming> {
     arrival: Duration,
     /// Bytes seen so far.
     seen: u64,
-    /// Armed when the client is first waited for; moved forward only when it fires
-    /// after progress.
-    idle_timer: Option<Pin<Box<Sleep>>>,
+    /// Made when the client is first waited for; its deadline follows the last progress
+    /// without a timer operation per frame (a lazy sleep re-arms only when it fires
+    /// early).
+    idle_timer: Option<Pin<Box<LazySleep>>>,
     /// When the client last sent something (or the body started).
     last_progress: Instant,
     /// Permits for the frame last handed over.
@@ -399,9 +401,9 @@ impl<B> RequestBody<B> {
     /// The client has nothing for us now: arm the idle timer if it is not armed, and see
     /// whether the client has been silent for the whole idle timeout.
     ///
-    /// The timer is armed once per body and moved only when it fires after progress (to
-    /// the last progress plus the timeout), not on every frame: a body arriving in many
-    /// frames costs one timer registration, not one per frame.
+    /// The timer is made once per body; its deadline moves to the last progress plus the
+    /// timeout at each wait, which a lazy sleep does without a timer operation: a body
+    /// arriving in many frames costs one timer registration, not one per frame.
     fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(exchange) = &self.exchange {
             exchange.waiting_for_client.store(true, Ordering::Relaxed);
@@ -409,16 +411,9 @@ impl<B> RequestBody<B> {
         let due = self.last_progress + self.idle;
         let timer = self
             .idle_timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
-        loop {
-            ready!(timer.as_mut().poll(cx));
-            // Fired: the client really was silent for the timeout only if nothing came
-            // since the deadline was set.
-            if timer.deadline() >= due {
-                return Poll::Ready(());
-            }
-            timer.as_mut().reset(due);
-        }
+            .get_or_insert_with(|| Box::pin(LazySleep::until(due)));
+        timer.as_mut().reset(due);
+        timer.as_mut().poll(cx)
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! A connection's timers are polled at every wake-up of its task: the connection
 //! table's check (`Admitted::serve_or_release`), and, while a request waits for the
-//! upstream, the upstream timeout. With tokio's `Sleep` each such poll checks the task's
+//! upstream, the upstream timeout; a request body's idle timeout moves at every frame. With tokio's `Sleep` each such poll checks the task's
 //! budget and registers the waker again, and each move of a deadline takes the timer
 //! wheel's lock to take the entry out and put it back.
 //!
@@ -82,11 +82,6 @@ impl LazySleep {
             armed: tokio::time::sleep_until(deadline),
             registered: None,
         }
-    }
-
-    /// When it completes.
-    pub fn deadline(&self) -> Instant {
-        self.deadline
     }
 
     /// Moves the deadline. Later: only the value changes, and the armed timer re-arms
