@@ -75,8 +75,8 @@ async fn remove_forced(url: &str, id: &str) -> (Option<i32>, String, String) {
 /// Goal: adding three members at unreachable addresses (closed ports) leaves the cluster
 /// with its leader and token throughout (they join as learners: the voters never change),
 /// and a real new node started with `--join` afterwards catches up and is promoted to
-/// voter while the unreachable ones stay learners. Method: watch every node's leader view
-/// every 25 ms; add 4, 5, 6 at closed ports through the leader; let the workers write for
+/// voter while the unreachable ones stay learners. Method: once every node shows the
+/// leader's term, watch every node's leader view every 25 ms; add 4, 5, 6 at closed ports through the leader; let the workers write for
 /// a few seconds; check every view: the leader always answered its first term and token,
 /// no other node ever showed a token; add 7 and start it with `--join`; wait until every
 /// node lists it a voter; `palisade member list` shows the roles; check the history.
@@ -85,6 +85,15 @@ async fn unreachable_new_members_keep_the_token_and_a_joined_one_is_promoted() {
     let (mut s, leader, _, term) = start_three().await;
     let token = view_of(&s, leader).await.token;
     assert_eq!(token, Some(term));
+    // A follower that has not heard from the leader yet still shows term 0; the watch
+    // starts once every node has, so that any other term it sees is a change.
+    s.pump_until("every node to show the leader's term", STEP, async |s| {
+        for node in &s.cluster.nodes {
+            (node.leadership().await?.term == term).then_some(())?;
+        }
+        Some(())
+    })
+    .await;
     let stop = Arc::new(AtomicBool::new(false));
     let nodes = s.cluster.nodes.iter().map(|n| n.api().clone()).collect();
     let watcher = watch_views(nodes, Arc::clone(&stop));
