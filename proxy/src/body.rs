@@ -3,8 +3,20 @@
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 
+/// What a response body can fail with, once its head has been answered: the upstream's
+/// connection failing or closing mid-body, or the body's framing turning out wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// From an upstream connection hyper runs (HTTP/2, TLS, upgrades).
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    /// From an upstream HTTP/1 connection the proxy runs itself.
+    #[error("upstream body: {0}")]
+    Upstream(String),
+}
+
 /// A response body: either the upstream's streamed body or one the proxy made.
-pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+pub type ProxyBody = BoxBody<Bytes, BodyError>;
 
 /// A body from bytes the proxy already has.
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {

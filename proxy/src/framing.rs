@@ -34,7 +34,7 @@
 //! allocated unless the request is refused.
 
 use http::request::Parts;
-use http::{HeaderMap, HeaderName, Method, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, header};
 use palisade_protocol::headers::{FENCING_SCOPE, FENCING_TOKEN, FENCING_TOKEN_PROOF};
 
 use crate::error::ProxyError;
@@ -72,10 +72,20 @@ fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
 /// `chunked` (empty list elements aside, which a recipient must accept: RFC 9110
 /// §5.6.1). The upstream's answers are held to the same rule.
 pub(crate) fn unsupported_codings(headers: &HeaderMap) -> Option<String> {
-    let lines = headers.get_all(header::TRANSFER_ENCODING);
+    // Most requests have no `Transfer-Encoding`: nothing is collected (or allocated).
+    let lines: Vec<&[u8]> = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    unsupported_codings_in(&lines)
+}
+
+/// [`unsupported_codings`] of the `Transfer-Encoding` lines given.
+pub(crate) fn unsupported_codings_in(lines: &[&[u8]]) -> Option<String> {
     let mut codings = lines
         .iter()
-        .flat_map(|v| tokens(v.as_bytes()))
+        .flat_map(|line| tokens(line))
         .filter(|t| !t.is_empty());
     match (codings.next(), codings.next()) {
         (None, _) => None,
@@ -83,7 +93,7 @@ pub(crate) fn unsupported_codings(headers: &HeaderMap) -> Option<String> {
         _ => Some(
             lines
                 .iter()
-                .map(|v| String::from_utf8_lossy(v.as_bytes()))
+                .map(|line| String::from_utf8_lossy(line))
                 .collect::<Vec<_>>()
                 .join(", "),
         ),

@@ -1,7 +1,8 @@
 //! Entry points for the fuzz targets in `tests/fuzz`, compiled only with the `fuzzing`
 //! feature. Each is a thin handle on the proxy's own code, never a copy of it: the
 //! classifier and path normaliser, the admin app, the data path's service on any byte
-//! stream, and the fencer. Nothing here is part of the proxy's API.
+//! stream, the fencer, and the upstream hop's HTTP/1.1 codec (answer heads and chunked
+//! bodies). Nothing here is part of the proxy's API.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::routing::Class;
 use crate::server::Peer;
 use crate::service::{Backend, Shared};
 use crate::upstream::HttpUpstream;
+use crate::upstream::h1::codec;
 use crate::{StartError, routing};
 
 /// What [`Classifier::classify`] decided for a request head.
@@ -162,5 +164,99 @@ impl Fences {
     /// The register the fencer admits through.
     pub fn register(&self) -> &FenceRegister {
         self.0.fence_register()
+    }
+}
+
+/// Longest answer head the upstream hop's HTTP/1.1 codec reads, in bytes.
+pub const ANSWER_HEAD_BYTES_MAX: usize = codec::RESPONSE_HEAD_BYTES_MAX;
+
+/// Most header lines in an answer head, or in a chunked answer's trailers.
+pub const ANSWER_HEADERS_MAX: usize = codec::RESPONSE_HEADERS_MAX;
+
+/// Longest size line of one chunk, extensions included.
+pub const CHUNK_LINE_BYTES_MAX: usize = codec::CHUNK_LINE_BYTES_MAX;
+
+/// Longest trailer section of a chunked answer, in bytes.
+pub const TRAILER_BYTES_MAX: usize = codec::TRAILER_BYTES_MAX;
+
+/// How the codec frames an answer's body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerFraming {
+    /// No body.
+    Empty,
+    /// `Content-Length` bytes.
+    Length(u64),
+    /// Chunked.
+    Chunked,
+    /// Until the upstream closes the connection.
+    Close,
+}
+
+/// An upstream answer's head, as the proxy's own HTTP/1.1 client parsed it.
+#[derive(Debug)]
+pub struct AnswerHead {
+    /// The status code.
+    pub status: http::StatusCode,
+    /// HTTP/1.1 or HTTP/1.0.
+    pub version: http::Version,
+    /// Every header line, in order.
+    pub headers: http::HeaderMap,
+    /// How the body is framed.
+    pub framing: AnswerFraming,
+    /// Whether the connection may carry another request after this answer.
+    pub keep_alive: bool,
+    /// The bytes the head took at the start of the buffer.
+    pub len: usize,
+}
+
+/// Parses an upstream answer's head at the start of `buf`, for a request of `method`,
+/// with the codec's `parse_head`: `Ok(None)` while not all of it has arrived, `Err` the
+/// refusal's message.
+pub fn parse_answer_head(buf: &[u8], method: &http::Method) -> Result<Option<AnswerHead>, String> {
+    let Some((head, len)) = codec::parse_head(buf, method).map_err(|e| e.0)? else {
+        return Ok(None);
+    };
+    Ok(Some(AnswerHead {
+        status: head.status,
+        version: head.version,
+        headers: head.headers,
+        framing: match head.framing {
+            codec::ResponseFraming::Empty => AnswerFraming::Empty,
+            codec::ResponseFraming::Length(len) => AnswerFraming::Length(len),
+            codec::ResponseFraming::Chunked => AnswerFraming::Chunked,
+            codec::ResponseFraming::Close => AnswerFraming::Close,
+        },
+        keep_alive: head.keep_alive,
+        len,
+    }))
+}
+
+/// What [`ChunkedBody::decode`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ChunkedPiece {
+    /// Some of a chunk's data.
+    Data(bytes::Bytes),
+    /// The trailers; the body has ended.
+    Trailers(http::HeaderMap),
+    /// The body has ended (no trailers).
+    End,
+    /// More bytes are needed.
+    More,
+}
+
+/// The codec's chunked body decoder, which takes what it decodes from the front of a
+/// buffer.
+#[derive(Debug, Default)]
+pub struct ChunkedBody(codec::ChunkedDecoder);
+
+impl ChunkedBody {
+    /// Decodes from the front of `buf`; `Err` is the refusal's message.
+    pub fn decode(&mut self, buf: &mut bytes::BytesMut) -> Result<ChunkedPiece, String> {
+        Ok(match self.0.decode(buf).map_err(|e| e.0)? {
+            codec::Decoded::Data(data) => ChunkedPiece::Data(data),
+            codec::Decoded::Trailers(trailers) => ChunkedPiece::Trailers(trailers),
+            codec::Decoded::End => ChunkedPiece::End,
+            codec::Decoded::More => ChunkedPiece::More,
+        })
     }
 }

@@ -57,8 +57,9 @@
 //! - `failpoints`: test-only failpoints of the whole binary, set up from the environment.
 //! - `metrics`: metric names and the Prometheus recorder.
 //! - `body`: the data path's response body type.
-//! - `fuzzing`: handles on the classifier, the admin app, the data path and the fencer
-//!   for the fuzz targets in `tests/fuzz`; only with the `fuzzing` feature.
+//! - `fuzzing`: handles on the classifier, the admin app, the data path, the fencer and
+//!   the upstream answer parser for the fuzz targets in `tests/fuzz`; only with the
+//!   `fuzzing` feature.
 //!
 //! The wire contract (header names, the scope rule, token parsing, problem+json, the
 //! admin API's types) is `palisade-protocol`'s; this crate defines none of it.

@@ -50,6 +50,9 @@
 # BENCH_PALISADE_ARGS="FLAGS" appends FLAGS (split on spaces) to the palisade target's
 # `palisade proxy` flags (not the baseline's), say "--reuseport-threads 2
 # --worker-threads 1" to measure the thread-per-core mode at BENCH_THREADS=2.
+# BASELINE_ARGS="FLAGS" does the same for the baseline's: with BASELINE_BIN set to the
+# same binary, `BASELINE_ARGS="--config hyper.toml" BASELINE_NAME=hyper` (the file
+# holding `upstream_http1_client = "hyper"`) compares the two upstream exchanges.
 #
 # Environment (defaults): BENCH_THREADS ("1 2"), BENCH_ROUNDS (5), BENCH_DURATION (4 s),
 # BENCH_WARMUP (1 s), BENCH_CONNECTIONS (32), BENCH_BODY_BYTES (1024), BENCH_DIR
@@ -107,11 +110,12 @@ TICK_HZ="$(getconf CLK_TCK)"
 RESULTS="$BENCH_WORK/results.jsonl"
 : >"$RESULTS"
 
-# counted NAME KIND BINARY REQUESTS: a proxy (KIND nginx or palisade) under callgrind in
-# front of the upstream on $up_port, serving REQUESTS PUTs from 8 connections; prints the
-# instructions callgrind collected.
+# counted NAME KIND BINARY REQUESTS [FLAGS]: a proxy (KIND nginx or palisade, FLAGS
+# appended to a palisade's flags) under callgrind in front of the upstream on $up_port,
+# serving REQUESTS PUTs from 8 connections; prints the instructions callgrind collected.
 counted() {
-  local name="$1" kind="$2" bin="$3" n="$4" port admin pid conf
+  local name="$1" kind="$2" bin="$3" n="$4" port admin pid conf extra
+  read -r -a extra <<<"${5:-}"
   port="$(free_port)"
   case "$kind" in
     nginx)
@@ -129,7 +133,7 @@ counted() {
       spawn "$name" env PALISADE_WORKER_THREADS=1 valgrind --tool=callgrind --dump-instr=no \
         --callgrind-out-file="$BENCH_WORK/$name.callgrind" "$bin" proxy \
         --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
-        --data-dir "$BENCH_WORK/$name-data" --upstream "http://127.0.0.1:$up_port"
+        --data-dir "$BENCH_WORK/$name-data" --upstream "http://127.0.0.1:$up_port" "${extra[@]}"
       pid="$SPAWNED"
       wait_for_line "$BENCH_WORK/$name.out" "palisade proxy listening on" 120
       curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \
@@ -170,10 +174,12 @@ if [ "${BENCH_COUNTS:-0}" = 1 ]; then
     read -r name bin <<<"$t"
     kind=palisade
     [ "$name" = nginx ] && kind=nginx
+    args=""
+    [ "$bin" = "${BASELINE_BIN:-}" ] && [ "$name" != palisade ] && args="${BASELINE_ARGS:-}"
     per=()
     for rep in $(seq "$repeats"); do
-      i1="$(counted "$name-few-$rep" "$kind" "$bin" "$few")"
-      i2="$(counted "$name-many-$rep" "$kind" "$bin" "$many")"
+      i1="$(counted "$name-few-$rep" "$kind" "$bin" "$few" "$args")"
+      i2="$(counted "$name-many-$rep" "$kind" "$bin" "$many" "$args")"
       per+=($(((i2 - i1) / (many - few))))
     done
     echo "| $name | $(printf '%s\n' "${per[@]}" | sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}') | ${per[*]} |"
@@ -267,8 +273,9 @@ for threads in $THREADS; do
   if [ -n "${BASELINE_BIN:-}" ]; then
     before_port="$(free_port)"
     before_admin="$(free_port)"
+    read -r -a before_extra <<<"${BASELINE_ARGS:-}"
     PALISADE="$BASELINE_BIN" start_palisade_proxy "before-$threads" "$before_port" "$before_admin" \
-      "$threads" "$proxy_cpus" --upstream "http://127.0.0.1:$up_port"
+      "$threads" "$proxy_cpus" --upstream "http://127.0.0.1:$up_port" "${before_extra[@]}"
     before_group="$SPAWNED"
     before_pid="$(pgrep -g "$before_group" -x "$(basename "$BASELINE_BIN")")"
     curl -s --fail -X POST -H "Content-Type: application/json" --data "{\"token\":$TOKEN}" \

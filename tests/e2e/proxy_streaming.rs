@@ -291,31 +291,57 @@ async fn stale_write_with_expect_continue_is_refused_before_any_body() {
     assert_eq!(upstream.applied().last().unwrap().body.as_ref(), b"body");
 }
 
-/// Goal: request trailers reach the upstream (S3 clients send checksums in them).
-/// Method: a raw chunked PUT declaring `Trailer: x-checksum` and ending with that
-/// trailer; read the trailers the upstream received.
+/// Goal: request trailers reach the upstream (S3 clients send checksums in them), and
+/// requests reach it alike through either upstream exchange (the proxy's own, the
+/// default, and hyper's client, `upstream_http1_client = "hyper"`).
+/// Method: through a proxy of each kind, a raw chunked PUT declaring `Trailer:
+/// x-checksum` and ending with that trailer, then a PUT with a length; compare what the
+/// upstream received.
 #[tokio::test]
-async fn request_trailers_reach_the_upstream() {
+async fn request_trailers_reach_the_upstream_through_either_exchange() {
     crate::use_tested_binary();
-    let dir = tempfile::tempdir().unwrap();
     let upstream = RecordingUpstream::start().await;
-    let proxy = start_proxy(dir.path(), &["--upstream", &upstream.url()]);
-    let addr = proxy.addr;
-    let answer = tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(addr).unwrap();
-        let request = format!(
-            "PUT /t HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nTransfer-Encoding: chunked\r\nTrailer: x-checksum\r\n\r\n5\r\nhello\r\n0\r\nx-checksum: abc123\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes()).unwrap();
-        read_until(&mut stream, "applied", Duration::from_secs(10))
-    })
-    .await
-    .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let own_dir = tempfile::tempdir().unwrap();
+    let own = start_proxy(own_dir.path(), &["--upstream", &upstream.url()]);
+    let hyper_dir = tempfile::tempdir().unwrap();
+    let config = write_config(hyper_dir.path(), "upstream_http1_client = \"hyper\"\n");
+    let hyper = start_proxy(
+        hyper_dir.path(),
+        &["--upstream", &upstream.url(), "--config", &config],
+    );
+    for proxy in [&own, &hyper] {
+        let addr = proxy.addr;
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            let request = format!(
+                "PUT /t HTTP/1.1\r\nHost: x\r\n{FENCING_TOKEN}: 1\r\nTransfer-Encoding: chunked\r\nTrailer: x-checksum\r\n\r\n5\r\nhello\r\n0\r\nx-checksum: abc123\r\n\r\n"
+            );
+            stream.write_all(request.as_bytes()).unwrap();
+            read_until(&mut stream, "applied", Duration::from_secs(10))
+        })
+        .await
+        .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let answer = put(&proxy.url("/len"), 1, b"twelve bytes").await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
     let applied = upstream.applied();
-    assert_eq!(applied[0].body.as_ref(), b"hello");
-    let trailers = applied[0].trailers.as_ref().expect("trailers arrived");
-    assert_eq!(trailers["x-checksum"], "abc123");
+    assert_eq!(applied.len(), 4);
+    for (i, request) in applied.iter().enumerate() {
+        let (path, body) = if i % 2 == 0 {
+            ("/t", &b"hello"[..])
+        } else {
+            ("/len", &b"twelve bytes"[..])
+        };
+        assert_eq!((request.path.as_str(), request.body.as_ref()), (path, body));
+    }
+    for chunked in [&applied[0], &applied[2]] {
+        let trailers = chunked.trailers.as_ref().expect("trailers arrived");
+        assert_eq!(trailers["x-checksum"], "abc123");
+        assert_eq!(chunked.headers["transfer-encoding"], "chunked");
+    }
+    assert_eq!(applied[1].headers["content-length"], "12");
+    assert_eq!(applied[3].headers["content-length"], "12");
 }
 
 /// Goal: the client's `Host` reaches the upstream unchanged (`SigV4` signs it); an HTTP/2

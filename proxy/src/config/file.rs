@@ -35,6 +35,11 @@ pub struct ProxyConfig {
     /// `upstream` replaces it with the upstream URL's authority, for an upstream that
     /// routes by its own name.
     pub upstream_host: UpstreamHost,
+    /// What sends requests to a plain `http://` upstream. `own` (the default): the
+    /// proxy's own HTTP/1.1 exchange, run in each request's task. `hyper`: hyper's
+    /// client, with a task per upstream connection, as before. `https://` upstreams, and
+    /// requests that may upgrade, always use hyper's.
+    pub upstream_http1_client: Http1Client,
     /// Peers whose `X-Forwarded-For` is kept and appended to. From any other peer the
     /// header is replaced by the peer's own address, so a client cannot forge its origin.
     pub trusted_proxies: Vec<std::net::IpAddr>,
@@ -183,6 +188,17 @@ pub enum UpstreamHost {
     Upstream,
 }
 
+/// What sends requests to a plain `http://` upstream.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Http1Client {
+    /// The proxy's own HTTP/1.1 exchange, in each request's task.
+    #[default]
+    Own,
+    /// hyper's client, with a task per connection.
+    Hyper,
+}
+
 /// TLS for the client listener, from PEM files.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -216,6 +232,7 @@ impl Default for ProxyConfig {
             upstream: None,
             upstream_ca: None,
             upstream_host: UpstreamHost::Client,
+            upstream_http1_client: Http1Client::Own,
             trusted_proxies: Vec::new(),
             fence_reads: false,
             read_methods: READ_METHODS_DEFAULT

@@ -18,7 +18,8 @@ mod tests;
 mod validate;
 
 pub use file::{
-    AdminTlsConfig, ClusterTlsConfig, ProxyConfig, Route, RouteClass, TlsConfig, UpstreamHost,
+    AdminTlsConfig, ClusterTlsConfig, Http1Client, ProxyConfig, Route, RouteClass, TlsConfig,
+    UpstreamHost,
 };
 pub use limits::{
     ADMIN_CONNECTIONS_MAX_DEFAULT, ADMIN_HEADER_READ_TIMEOUT_MS_DEFAULT,

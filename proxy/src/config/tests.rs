@@ -221,3 +221,34 @@ fn data_threads_default_to_the_runtime_workers() {
     let too_many = ProxyConfig::from_toml_str("reuseport_threads = 257").unwrap();
     assert!(too_many.validate().is_err());
 }
+
+/// Goal: `upstream_http1_client` defaults to the proxy's own exchange, takes `hyper`,
+/// and refuses anything else naming the field and the two values.
+/// Method: parse files without it, with each value, and with a misspelt one.
+#[test]
+fn the_upstream_http1_client_is_own_unless_hyper_is_named() {
+    assert_eq!(
+        ProxyConfig::default().upstream_http1_client,
+        Http1Client::Own
+    );
+    let parse = |text: &str| toml::from_str::<ProxyConfig>(text);
+    assert_eq!(
+        parse("upstream_http1_client = \"own\"")
+            .unwrap()
+            .upstream_http1_client,
+        Http1Client::Own
+    );
+    assert_eq!(
+        parse("upstream_http1_client = \"hyper\"")
+            .unwrap()
+            .upstream_http1_client,
+        Http1Client::Hyper
+    );
+    let err = parse("upstream_http1_client = \"nginx\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("upstream_http1_client") && err.contains("own") && err.contains("hyper"),
+        "{err}"
+    );
+}

@@ -5,6 +5,7 @@
 //! allows: the client's origin-form URI goes on unchanged when the upstream URL has no
 //! base path, and hop-by-hop headers are found by comparing names, not by parsing.
 
+pub(crate) mod h1;
 mod pool;
 
 pub(crate) use pool::set_thread_shard;
@@ -27,7 +28,7 @@ use self::pool::{Checkout, Pool, PooledBody, Sender};
 use crate::StartError;
 use crate::body::ProxyBody;
 use crate::config::ConfigError;
-use crate::config::{ProxyConfig, UpstreamHost};
+use crate::config::{Http1Client, ProxyConfig, UpstreamHost};
 use crate::error::ProxyError;
 use crate::metrics as m;
 use crate::server::Peer;
@@ -76,6 +77,9 @@ pub(crate) struct HttpUpstream {
     trusted_proxies: Vec<IpAddr>,
     /// Path of the base URL without a trailing slash ("" for the root).
     base_path: String,
+    /// Requests that cannot upgrade go through the proxy's own HTTP/1 exchange
+    /// ([`h1`]): a plain `http://` upstream, with `upstream_http1_client = "own"`.
+    own_http1: bool,
     timeout: Duration,
     /// One permit per request in flight to the upstream (`limits.upstream_requests_max`).
     /// async-lock's rather than tokio's: every data-path thread takes and gives one per
@@ -138,8 +142,10 @@ impl HttpUpstream {
             limits.upstream_idle_per_host,
             config.data_threads(),
         )?;
+        let own_http1 = scheme == Scheme::HTTP && config.upstream_http1_client == Http1Client::Own;
         Ok(Self {
             pool: Arc::new(pool),
+            own_http1,
             scheme,
             authority,
             host,
@@ -262,13 +268,25 @@ impl HttpUpstream {
                     .await
                     .map_err(|_| busy())?,
             };
+            // A request that may upgrade needs hyper's upgrade support.
+            let own = self.own_http1 && upgrade.is_none() && request.method() != Method::CONNECT;
             let started = tokio::time::Instant::now();
-            let result = self.send(request, exchange, started).await;
+            let result = self.send(request, exchange, started, own).await;
             m::hot_path_handles()
                 .upstream_seconds
                 .record(started.elapsed().as_secs_f64());
             let (response, mut conn) =
-                result.ok_or(ProxyError::UpstreamTimeout { timeout_ms })??;
+                match result.ok_or(ProxyError::UpstreamTimeout { timeout_ms })?? {
+                    Answer::Hyper(response, conn) => (response, conn),
+                    Answer::Own(response) => {
+                        let (parts, body) = response.into_parts();
+                        if parts.status == http::StatusCode::SWITCHING_PROTOCOLS {
+                            return Err(unasked_upgrade());
+                        }
+                        // Its hop-by-hop headers were left out as its head was parsed.
+                        return Ok((Response::from_parts(parts, body.boxed()), None));
+                    }
+                };
             let (mut parts, body) = response.into_parts();
             refuse_transfer_codings(&parts.headers)?;
             let switched = parts.status == http::StatusCode::SWITCHING_PROTOCOLS;
@@ -285,12 +303,7 @@ impl HttpUpstream {
                         _sender: conn.take(),
                     })
                 }
-                (true, None) => {
-                    return Err(ProxyError::Upstream(
-                    "the upstream switched protocols (101) for a request that asked for no upgrade"
-                        .to_owned(),
-                ));
-                }
+                (true, None) => return Err(unasked_upgrade()),
                 (false, _) => None,
             };
             let protocol = tunnel
@@ -308,6 +321,20 @@ impl HttpUpstream {
             Ok((Response::from_parts(parts, body.boxed()), tunnel))
         }
     }
+}
+
+/// What came back from the upstream: an answer from a connection hyper runs (with its
+/// sending half, to pool or to keep for a tunnel), or one from the proxy's own exchange.
+enum Answer {
+    Hyper(Response<Incoming>, Option<Sender>),
+    Own(Response<h1::OwnBody>),
+}
+
+/// A 101 to a request that asked for no upgrade.
+fn unasked_upgrade() -> ProxyError {
+    ProxyError::Upstream(
+        "the upstream switched protocols (101) for a request that asked for no upgrade".to_owned(),
+    )
 }
 
 /// The two upgraded connections of a request whose upstream switched protocols (101):
@@ -366,8 +393,9 @@ impl HttpUpstream {
         request: Request<UpstreamBody>,
         exchange: Option<&Arc<Exchange>>,
         start: tokio::time::Instant,
-    ) -> Option<Result<(Response<Incoming>, Option<Sender>), ProxyError>> {
-        let mut send = std::pin::pin!(self.exchange(request));
+        own: bool,
+    ) -> Option<Result<Answer, ProxyError>> {
+        let mut send = std::pin::pin!(self.exchange(request, own));
         // A lazy sleep: its polls while the exchange waits do not call into tokio's
         // timer, and moving it later is free.
         let mut timer = std::pin::pin!(LazySleep::until(start + self.timeout));
@@ -406,10 +434,20 @@ impl HttpUpstream {
     /// tried again on another connection. Only then: once hyper has begun writing a
     /// request, it does not hand it back, and the request is never sent twice. A new
     /// connection that fails is the upstream's failure, not tried again.
+    ///
+    /// With `own`, the proxy's own HTTP/1 exchange sends it, on a connection checked
+    /// open before the request is written ([`h1`]).
     async fn exchange(
         &self,
         mut request: Request<UpstreamBody>,
-    ) -> Result<(Response<Incoming>, Option<Sender>), ProxyError> {
+        own: bool,
+    ) -> Result<Answer, ProxyError> {
+        if own {
+            let conn = self.pool.take_own().await?;
+            return h1::exchange(conn, request, &self.pool)
+                .await
+                .map(Answer::Own);
+        }
         loop {
             let Checkout { sender, reused } = self.pool.take().await?;
             let (sent, sender) = match sender {
@@ -422,7 +460,7 @@ impl HttpUpstream {
                 }
             };
             match sent {
-                Ok(response) => return Ok((response, Some(sender))),
+                Ok(response) => return Ok(Answer::Hyper(response, Some(sender))),
                 Err(mut e) => match e.take_message() {
                     Some(mut unsent) if reused => {
                         tracing::debug!(cause = %e.error(), "pooled upstream connection closed before the request was sent; trying another");

@@ -32,7 +32,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::h1::Conn;
 use crate::StartError;
+use crate::body::BodyError;
 use crate::config::ConfigError;
 use crate::error::ProxyError;
 use crate::stream::UpstreamBody;
@@ -87,6 +89,9 @@ struct State {
     idle: VecDeque<(Instant, http1::SendRequest<UpstreamBody>)>,
     /// The shared HTTP/2 connection, once the upstream has chosen h2.
     h2: Option<http2::SendRequest<UpstreamBody>>,
+    /// Idle connections of the proxy's own HTTP/1 exchange ([`super::h1`]), kept the
+    /// same way as `idle`.
+    own: VecDeque<(Instant, Conn)>,
 }
 
 /// A connection to send one request on.
@@ -210,13 +215,7 @@ impl Pool {
         let dial = Box::pin(self.dial());
         let sender = match tokio::time::timeout(self.connect_timeout, dial).await {
             Ok(dialled) => dialled?,
-            Err(_) => {
-                return Err(ProxyError::Upstream(format!(
-                    "no connection to the upstream {} within {} ms (limits.upstream_connect_timeout_ms)",
-                    self.authority,
-                    self.connect_timeout.as_millis()
-                )));
-            }
+            Err(_) => return Err(self.connect_timed_out()),
         };
         if let Sender::Http2(h2) = &sender {
             // Requests that dialled at the same time may each have made one; the last
@@ -255,39 +254,106 @@ impl Pool {
     }
 
     fn push(&self, sender: http1::SendRequest<UpstreamBody>) {
-        let now = Instant::now();
-        let mut dropped = Vec::new();
-        {
-            let mut state = self.state();
-            while let Some((since, _)) = state.idle.front()
-                && now.saturating_duration_since(*since) >= self.idle_expiry
-            {
-                dropped.extend(state.idle.pop_front());
-            }
-            if state.idle.len() >= self.idle_max {
-                dropped.extend(state.idle.pop_front());
-            }
-            state.idle.push_back((now, sender));
-        }
+        let dropped = self.push_idle(sender, |state| &mut state.idle);
         // Closing connections happens outside the lock.
         drop(dropped);
+    }
+
+    /// Pushes an idle connection on its stack (`stack` picks it), first taking off those
+    /// idle past the expiry and, at `limits.upstream_idle_per_host`, the oldest; returns
+    /// them, to be closed once the lock is released.
+    fn push_idle<T>(
+        &self,
+        conn: T,
+        stack: impl Fn(&mut State) -> &mut VecDeque<(Instant, T)>,
+    ) -> Vec<(Instant, T)> {
+        let now = Instant::now();
+        let mut dropped = Vec::new();
+        let mut state = self.state();
+        let idle = stack(&mut state);
+        while let Some((since, _)) = idle.front()
+            && now.saturating_duration_since(*since) >= self.idle_expiry
+        {
+            dropped.extend(idle.pop_front());
+        }
+        if idle.len() >= self.idle_max {
+            dropped.extend(idle.pop_front());
+        }
+        idle.push_back((now, conn));
+        dropped
+    }
+
+    /// A connection for the proxy's own HTTP/1 exchange: the most recently idle one that
+    /// is still open (the upstream has not closed it), or a new one.
+    pub(super) async fn take_own(&self) -> Result<Conn, ProxyError> {
+        loop {
+            let popped = self.state().own.pop_back();
+            let Some((since, conn)) = popped else {
+                break;
+            };
+            if since.elapsed() >= self.idle_expiry {
+                // Every connection below this one has been idle longer still.
+                let expired = std::mem::take(&mut self.state().own);
+                drop(expired);
+                continue;
+            }
+            if conn.is_open() {
+                return Ok(conn);
+            }
+        }
+        // Boxed, as for hyper's connections: a request that finds a pooled connection
+        // should not carry the dial's room in its own future.
+        let dial = Box::pin(async {
+            let tcp = self.connect().await?;
+            Ok(Conn::new(tcp))
+        });
+        match tokio::time::timeout(self.connect_timeout, dial).await {
+            Ok(dialled) => dialled,
+            Err(_) => Err(self.connect_timed_out()),
+        }
+    }
+
+    /// Puts a connection of the proxy's own HTTP/1 exchange whose answer has ended back
+    /// on its stack.
+    pub(super) fn put_own(&self, conn: Conn) {
+        if self.idle_max == 0 {
+            return;
+        }
+        let dropped = self.push_idle(conn, |state| &mut state.own);
+        drop(dropped);
+    }
+
+    fn connect_timed_out(&self) -> ProxyError {
+        ProxyError::Upstream(format!(
+            "no connection to the upstream {} within {} ms (limits.upstream_connect_timeout_ms)",
+            self.authority,
+            self.connect_timeout.as_millis()
+        ))
+    }
+
+    /// A TCP connection to the upstream, with `TCP_NODELAY`.
+    async fn connect(&self) -> Result<TcpStream, ProxyError> {
+        let tcp = match self.addr {
+            Some(addr) => TcpStream::connect(addr).await,
+            None => TcpStream::connect((self.host.as_str(), self.port)).await,
+        }
+        .map_err(|e| self.cannot_connect(&e))?;
+        tcp.set_nodelay(true).map_err(|e| self.cannot_connect(&e))?;
+        Ok(tcp)
+    }
+
+    fn cannot_connect(&self, e: &dyn std::fmt::Display) -> ProxyError {
+        ProxyError::Upstream(format!(
+            "cannot connect to the upstream {}: {e}",
+            self.authority
+        ))
     }
 
     /// Connects (TCP with `TCP_NODELAY`, then TLS for `https`) and starts the HTTP
     /// connection's task.
     async fn dial(&self) -> Result<Sender, ProxyError> {
-        let cannot = |e: &dyn std::fmt::Display| {
-            ProxyError::Upstream(format!(
-                "cannot connect to the upstream {}: {e}",
-                self.authority
-            ))
-        };
-        let tcp = match self.addr {
-            Some(addr) => TcpStream::connect(addr).await,
-            None => TcpStream::connect((self.host.as_str(), self.port)).await,
-        }
-        .map_err(|e| cannot(&e))?;
-        tcp.set_nodelay(true).map_err(|e| cannot(&e))?;
+        let cannot = |e: &dyn std::fmt::Display| self.cannot_connect(e);
+        let tcp = self.connect().await?;
         let Some((connector, name)) = &self.tls else {
             return self.http1(tcp).await.map_err(|e| cannot(&e));
         };
@@ -353,14 +419,16 @@ impl PooledBody {
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let polled = Pin::new(&mut this.inner)
+            .poll_frame(cx)
+            .map_err(BodyError::Hyper);
         match &polled {
             Poll::Ready(None) => this.release(),
             // The last frame: the caller may not ask again.
