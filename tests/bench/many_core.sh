@@ -16,11 +16,16 @@
 # (`proxy-1-floor.txt`): BENCH_FLOOR_BIN (target/release/palisade-floor, built here
 # unless BENCH_NO_BUILD=1); BENCH_FLOOR=0 leaves that run out.
 #
+# It also runs proxy.sh at 1 and 4 threads with the same binary beside itself on hyper's
+# upstream client (`upstream_http1_client = "hyper"`, named "hyper" in the tables;
+# `proxy-1-4-hyper.txt`), to measure the proxy's own upstream exchange against it where
+# threads share a machine; BENCH_HYPER=0 leaves that run out.
+#
 # Environment (defaults): BENCH_ROUNDS (3), BENCH_DURATION (3 s), BENCH_CONNECTIONS
 # (128), BENCH_PROFILE (1 when `perf` is installed), BENCH_PROFILE_THREADS ("1 4 8"),
 # BENCH_OUT (a directory for the tables and profiles; none: printed only), and those of
 # proxy.sh and memory.sh (BENCH_NO_BUILD, BENCH_PALISADE_BIN, ...).
-# Run time: about 8 minutes plus the build.
+# Run time: about 11 minutes plus the build (8 with BENCH_FLOOR=0 BENCH_HYPER=0).
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
 
@@ -65,6 +70,14 @@ if [ "${BENCH_FLOOR:-1}" = 1 ]; then
   else
     log "no yardstick at $FLOOR_BIN: the run beside it is left out"
   fi
+fi
+if [ "${BENCH_HYPER:-1}" = 1 ]; then
+  hyper_conf="$(mktemp)"
+  echo 'upstream_http1_client = "hyper"' >"$hyper_conf"
+  keep proxy-1-4-hyper.txt env BENCH_THREADS="1 4" BENCH_UPSTREAM_CPUS=0-3 BENCH_PROXY_CPU_BASE=4 \
+    BENCH_CLIENT_CPUS=8-15 BENCH_CLIENT_THREADS=8 BASELINE_BIN="$PALISADE" BASELINE_NAME=hyper \
+    BASELINE_ARGS="--config $hyper_conf" "$here/proxy.sh"
+  rm -f "$hyper_conf"
 fi
 keep memory-4.txt env BENCH_WORKERS=4 BENCH_LOAD_CONNECTIONS=1000 BENCH_DURATION=6 \
   "$here/memory.sh"
