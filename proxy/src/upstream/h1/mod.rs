@@ -9,14 +9,16 @@
 //! body has ended. hyper still runs the client side, HTTP/2 and TLS upstreams, and every
 //! request that may upgrade (`upstream_http1_client = "hyper"` uses it for all).
 //!
-//! The rules it keeps, as hyper's client did:
-//! - **A request is sent at most once.** A pooled connection is checked before it is
-//!   used (the upstream may have closed it while idle); once the first byte of a request
-//!   is written, a failure is the request's failure (502), never a retry.
+//! The rules it keeps:
+//! - **A request is sent at most once**, as with hyper's client. A pooled connection is
+//!   checked before it is used (the upstream may have closed it while idle); once the
+//!   first byte of a request is written, a failure is the request's failure (502), never
+//!   a retry.
 //! - **The body streams both ways.** The request body is written as the client sends it
 //!   (framed by its `Content-Length`, or chunked), while the answer is read: an upstream
-//!   that answers before taking the whole body (a 413, a 401) is heard at once, and its
-//!   connection is then closed, not reused.
+//!   that answers before taking the whole body (a 413, a 401) is heard at once. The rest
+//!   of the body is then not sent (where hyper's client would go on sending it: the
+//!   upstream has answered without it), and the connection is closed, not reused.
 //! - **A connection is reused only after a whole, well-framed exchange**: the request
 //!   body all sent, the answer's body read to its end, nothing extra after it, HTTP/1.1
 //!   without `Connection: close`.
