@@ -11,10 +11,10 @@
 # generator on 8-15; for 8 threads, the upstream on 0-2, the proxies on 3-10 and the load
 # generator on 11-15 (so no two of them ever share a core).
 #
-# With the benchmarks' yardstick (tests/bench/floor: the least an HTTP/1 proxy on tokio
-# does per request) it also runs proxy.sh at 1 thread with it beside the others
-# (`proxy-1-floor.txt`): BENCH_FLOOR_BIN (target/release/palisade-floor, built here
-# unless BENCH_NO_BUILD=1); BENCH_FLOOR=0 leaves that run out.
+# BENCH_FLOOR=1 also runs proxy.sh at 1 thread with the benchmarks' yardstick beside the
+# others (tests/bench/floor: the least an HTTP/1 proxy on tokio does per request;
+# `proxy-1-floor.txt`): BENCH_FLOOR_BIN (target/release/palisade-floor, built here unless
+# BENCH_NO_BUILD=1). Off by default, so that the whole run fits in 10 minutes.
 #
 # It also runs proxy.sh at 1 and 4 threads with the same binary beside itself on hyper's
 # upstream client (`upstream_http1_client = "hyper"`, named "hyper" in the tables;
@@ -25,7 +25,8 @@
 # (128), BENCH_PROFILE (1 when `perf` is installed), BENCH_PROFILE_THREADS ("1 4 8"),
 # BENCH_OUT (a directory for the tables and profiles; none: printed only), and those of
 # proxy.sh and memory.sh (BENCH_NO_BUILD, BENCH_PALISADE_BIN, ...).
-# Run time: about 11 minutes plus the build (8 with BENCH_FLOOR=0 BENCH_HYPER=0).
+# Run time: about 9.5 minutes plus the build (BENCH_FLOOR=1 adds 1.5, BENCH_HYPER=0 takes
+# 3 off).
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "$0")/lib.sh"
 
@@ -40,7 +41,7 @@ export BENCH_DIRECT="${BENCH_DIRECT:-0}"
 need taskset util-linux
 build_palisade
 FLOOR_BIN="${BENCH_FLOOR_BIN:-$BENCH_ROOT/target/release/palisade-floor}"
-if [ "${BENCH_FLOOR:-1}" = 1 ] && [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
+if [ "${BENCH_FLOOR:-0}" = 1 ] && [ "${BENCH_NO_BUILD:-0}" != 1 ]; then
   log "building palisade-floor (release)"
   (cd "$BENCH_ROOT" && cargo build --release -p palisade-floor --quiet)
 fi
@@ -62,7 +63,7 @@ keep proxy-1-2-4.txt env BENCH_THREADS="1 2 4" BENCH_UPSTREAM_CPUS=0-3 BENCH_PRO
   BENCH_CLIENT_CPUS=8-15 BENCH_CLIENT_THREADS=8 "$here/proxy.sh"
 keep proxy-8.txt env BENCH_THREADS=8 BENCH_UPSTREAM_CPUS=0-2 BENCH_PROXY_CPU_BASE=3 \
   BENCH_CLIENT_CPUS=11-15 BENCH_CLIENT_THREADS=5 "$here/proxy.sh"
-if [ "${BENCH_FLOOR:-1}" = 1 ]; then
+if [ "${BENCH_FLOOR:-0}" = 1 ]; then
   if [ -x "$FLOOR_BIN" ]; then
     keep proxy-1-floor.txt env BENCH_THREADS=1 BENCH_UPSTREAM_CPUS=0-3 BENCH_PROXY_CPU_BASE=4 \
       BENCH_CLIENT_CPUS=8-15 BENCH_CLIENT_THREADS=8 BASELINE_BIN="$FLOOR_BIN" BASELINE_NAME=floor \
