@@ -154,7 +154,10 @@ fn check_head(head: &AnswerHead, raw: &[u8], method: &Method) {
         .any(|t| t.eq_ignore_ascii_case(b"close"));
     assert_eq!(
         head.keep_alive,
-        head.version == Version::HTTP_11 && head.framing != AnswerFraming::Close && !close,
+        head.version == Version::HTTP_11
+            && head.framing != AnswerFraming::Close
+            && !close
+            && head.status != 101,
         "{head:?}"
     );
 }

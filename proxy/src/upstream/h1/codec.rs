@@ -134,7 +134,7 @@ pub(crate) struct ResponseHead {
     pub(crate) headers: HeaderMap,
     pub(crate) framing: ResponseFraming,
     /// The connection may carry another request after this answer's body: HTTP/1.1,
-    /// no `Connection: close`, and a body that does not end at the close.
+    /// no `Connection: close`, a body that does not end at the close, and not a 101.
     pub(crate) keep_alive: bool,
 }
 
@@ -206,7 +206,11 @@ pub(crate) fn parse_head(
     for name in &hop.named {
         headers.remove(name);
     }
-    let keep_alive = version == Version::HTTP_11 && framing != ResponseFraming::Close && !hop.close;
+    // After a 101 the connection speaks another protocol: never HTTP/1 again.
+    let keep_alive = version == Version::HTTP_11
+        && framing != ResponseFraming::Close
+        && !hop.close
+        && status != StatusCode::SWITCHING_PROTOCOLS;
     Ok(Some((
         ResponseHead {
             status,

@@ -448,3 +448,40 @@ async fn a_body_that_breaks_mid_way_fails() {
         assert!(matches!(err, BodyError::Upstream(_)), "{err:?}");
     }
 }
+
+/// Goal: a connection whose upstream answered 101 (switching it to another protocol) is
+/// never put back for the next request, even though the answer has no body. Method: the
+/// upstream answers 101 on its first connection and keeps it open; the next request
+/// must arrive on a second connection.
+#[tokio::test]
+async fn a_connection_that_answered_101_is_not_reused() {
+    let (listener, pool) = upstream().await;
+    let served = tokio::spawn(async move {
+        let (mut first, _) = listener.accept().await.unwrap();
+        read_request(&mut first, &mut Vec::new(), 0).await;
+        first
+            .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n")
+            .await
+            .unwrap();
+        let (mut second, _) = listener.accept().await.unwrap();
+        read_request(&mut second, &mut Vec::new(), 0).await;
+        second
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        first
+    });
+    let response = send(&pool, request(Method::GET, whole(b""), &[]))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 101);
+    drop(response);
+    let response = send(&pool, request(Method::GET, whole(b""), &[]))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    tokio::time::timeout(DEADLINE, served)
+        .await
+        .unwrap()
+        .unwrap();
+}

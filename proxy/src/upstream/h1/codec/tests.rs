@@ -473,6 +473,24 @@ fn informational_no_content_and_not_modified_answers_have_no_body() {
     }
 }
 
+/// Goal: a connection whose upstream answered 101 is never taken for another request:
+/// it speaks another protocol from then on. Method: parse a 101 with and without
+/// `Connection: upgrade`, and a 100 for comparison.
+#[test]
+fn a_connection_that_switched_protocols_is_not_kept_alive() {
+    assert!(
+        !head("HTTP/1.1 101 Switching Protocols\r\n\r\n")
+            .0
+            .keep_alive
+    );
+    assert!(
+        !head("HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n")
+            .0
+            .keep_alive
+    );
+    assert!(head("HTTP/1.1 100 Continue\r\n\r\n").0.keep_alive);
+}
+
 /// Goal: a `Content-Length` frames the body by that many bytes. Method: parse answers
 /// with lengths 0, 5, a long one and one with leading zeros.
 #[test]
