@@ -21,7 +21,7 @@
 //!   upstream has answered without it), and the connection is closed, not reused.
 //! - **A connection is reused only after a whole, well-framed exchange**: the request
 //!   body all sent, the answer's body read to its end, nothing extra after it, HTTP/1.1
-//!   without `Connection: close`.
+//!   without `Connection: close`, not a 101.
 //! - **The answer is parsed under limits and refused when ambiguous** ([`codec`]).
 
 pub(crate) mod codec;
