@@ -135,6 +135,28 @@ fn futures_util_now<F: Future>(f: F) -> bool {
     std::pin::pin!(f).poll(&mut cx).is_ready()
 }
 
+/// An upstream that answers the request on its first connection with `first` and keeps
+/// that connection open, then answers 200 on a second connection: a test whose next
+/// request gets its answer shows that the request needed a new connection (on the first
+/// one it would wait until the deadline).
+fn first_then_second(
+    listener: TcpListener,
+    first: &'static [u8],
+) -> tokio::task::JoinHandle<tokio::net::TcpStream> {
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        read_request(&mut socket, &mut Vec::new(), 0).await;
+        socket.write_all(first).await.unwrap();
+        let (mut second, _) = listener.accept().await.unwrap();
+        read_request(&mut second, &mut Vec::new(), 0).await;
+        second
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .await
+            .unwrap();
+        socket
+    })
+}
+
 /// Goal: a request whose body is there already goes out as one message (head, the
 /// proxy's `content-length`, body); an answer framed by its length comes back whole, and
 /// its connection then carries the next request. Method: an upstream that serves two
@@ -272,21 +294,10 @@ async fn close_delimited_answers_and_extra_bytes_keep_a_connection_out_of_the_po
 #[tokio::test]
 async fn an_early_answer_is_heard_while_the_body_waits() {
     let (listener, pool) = upstream().await;
-    let served = tokio::spawn(async move {
-        let (mut socket, _) = listener.accept().await.unwrap();
-        read_request(&mut socket, &mut Vec::new(), 0).await;
-        socket
-            .write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n")
-            .await
-            .unwrap();
-        let (mut second, _) = listener.accept().await.unwrap();
-        read_request(&mut second, &mut Vec::new(), 0).await;
-        second
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-            .await
-            .unwrap();
-        socket
-    });
+    let served = first_then_second(
+        listener,
+        b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n",
+    );
     let (tx, body) = fed();
     tx.send(Frame::data(Bytes::from(vec![b'a'; 10]))).unwrap();
     let response = send(
@@ -456,21 +467,10 @@ async fn a_body_that_breaks_mid_way_fails() {
 #[tokio::test]
 async fn a_connection_that_answered_101_is_not_reused() {
     let (listener, pool) = upstream().await;
-    let served = tokio::spawn(async move {
-        let (mut first, _) = listener.accept().await.unwrap();
-        read_request(&mut first, &mut Vec::new(), 0).await;
-        first
-            .write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n")
-            .await
-            .unwrap();
-        let (mut second, _) = listener.accept().await.unwrap();
-        read_request(&mut second, &mut Vec::new(), 0).await;
-        second
-            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-            .await
-            .unwrap();
-        first
-    });
+    let served = first_then_second(
+        listener,
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+    );
     let response = send(&pool, request(Method::GET, whole(b""), &[]))
         .await
         .unwrap();
