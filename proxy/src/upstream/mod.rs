@@ -500,12 +500,13 @@ impl HttpUpstream {
     fn set_host(&self, parts: &mut http::request::Parts) {
         if let Some(host) = &self.host {
             parts.headers.insert(header::HOST, host.clone());
-        } else if !parts.headers.contains_key(header::HOST)
-            && let Some(authority) = parts.uri.authority()
+        } else if parts.headers.contains_key(header::HOST) {
+            // The client's, checked (`framing::check_host`): it goes on as it is.
+        } else if let Some(authority) = parts.uri.authority()
             && let Ok(value) = HeaderValue::from_str(authority.as_str())
         {
             parts.headers.insert(header::HOST, value);
-        } else if !parts.headers.contains_key(header::HOST) {
+        } else {
             // HTTP/1.1 requires `Host`: a client that sent none (HTTP/1.0) gets the
             // upstream's.
             parts

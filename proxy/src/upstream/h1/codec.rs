@@ -223,6 +223,23 @@ pub(crate) fn parse_head(
     )))
 }
 
+/// Whether an answer head arriving in `buf` is worth parsing: the first time (`parsed`
+/// is 0) once anything has arrived; after an attempt that found it partial at `parsed`
+/// bytes, once a line has ended since, or once the head is over
+/// [`RESPONSE_HEAD_BYTES_MAX`] (then the parse refuses it).
+///
+/// httparse starts from the beginning each time, so parsing at every read would make a
+/// head that trickles in a byte per read cost the square of its length (a 64 KiB head,
+/// some two billion bytes read over). Parsing once per line ended bounds it by the
+/// lines ([`RESPONSE_HEADERS_MAX`]) times the head's length. What httparse would refuse
+/// before a line ends is refused when the line ends.
+pub(crate) fn worth_parsing(buf: &[u8], parsed: usize) -> bool {
+    // The first attempt needs no look: most answers arrive whole in one read.
+    (parsed == 0 && !buf.is_empty())
+        || buf.len() > RESPONSE_HEAD_BYTES_MAX
+        || buf.get(parsed..).is_some_and(|new| new.contains(&b'\n'))
+}
+
 /// What an answer's hop-by-hop headers say, gathered while its headers are read.
 #[derive(Default)]
 struct Hop<'a> {

@@ -222,6 +222,9 @@ struct Send<B> {
     write_failed: Option<io::Error>,
     /// Interim (1xx) answers skipped.
     interim: usize,
+    /// How much of `conn.buf` the last parse of the answer head found partial: it is
+    /// parsed again once a line has ended after that ([`codec::worth_parsing`]).
+    head_parsed: usize,
 }
 
 impl<B> Send<B>
@@ -254,6 +257,7 @@ where
             queue: VecDeque::from([head.freeze()]),
             write_failed: None,
             interim: 0,
+            head_parsed: 0,
         })
     }
 
@@ -385,14 +389,25 @@ where
         Ok(())
     }
 
+    /// Parses the answer head at the front of the connection's buffer; when it has not
+    /// all arrived, notes how much was looked at.
+    fn parse_head(&mut self) -> Result<Option<(ResponseHead, usize)>, ProxyError> {
+        let parsed = codec::parse_head(&self.conn.buf, &self.method)
+            .map_err(|e| ProxyError::Upstream(e.0))?;
+        if parsed.is_none() {
+            self.head_parsed = self.conn.buf.len();
+        }
+        Ok(parsed)
+    }
+
     /// Reads until the answer's head (interim answers skipped) has arrived.
     fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Result<ResponseHead, ProxyError>> {
         loop {
-            if !self.conn.buf.is_empty()
-                && let Some((head, len)) = codec::parse_head(&self.conn.buf, &self.method)
-                    .map_err(|e| ProxyError::Upstream(e.0))?
+            if codec::worth_parsing(&self.conn.buf, self.head_parsed)
+                && let Some((head, len)) = self.parse_head()?
             {
                 self.conn.buf.advance(len);
+                self.head_parsed = 0;
                 if head.status.is_informational()
                     && head.status != http::StatusCode::SWITCHING_PROTOCOLS
                 {

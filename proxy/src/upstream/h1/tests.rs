@@ -485,3 +485,32 @@ async fn a_connection_that_answered_101_is_not_reused() {
         .unwrap()
         .unwrap();
 }
+
+/// Goal: an answer whose head arrives a byte per read (an interim answer first) is read
+/// as one answer, its body left whole: parsing only once a line has ended loses nothing
+/// between reads. Method: an upstream that writes each byte of its answer on its own,
+/// with `TCP_NODELAY` and a yield between writes.
+#[tokio::test]
+async fn an_answer_trickled_a_byte_at_a_time_is_read_whole() {
+    let (listener, pool) = upstream().await;
+    let served = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        socket.set_nodelay(true).unwrap();
+        read_request(&mut socket, &mut Vec::new(), 0).await;
+        let answer: &[u8] =
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\n\r\nhello";
+        for byte in answer {
+            socket.write_all(std::slice::from_ref(byte)).await.unwrap();
+            socket.flush().await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        socket
+    });
+    let response = send(&pool, request(Method::GET, whole(b""), &[]))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-a"], "1");
+    assert_eq!(collect(response).await.0, "hello");
+    drop(served.await.unwrap());
+}

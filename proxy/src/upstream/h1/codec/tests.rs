@@ -367,6 +367,67 @@ fn every_proper_prefix_of_a_head_is_not_yet_a_head() {
     }
 }
 
+/// How a trickled head ended: the parse that was not partial (the head's length, or
+/// the refusal), and the bytes fed by then.
+type Ended = (Result<usize, CodecError>, usize);
+
+/// Feeds `text` one byte at a time as the exchange reads it, parsing only when
+/// `worth_parsing` says so: the parses made, and how the head ended, if it did.
+fn trickle(text: &[u8]) -> (usize, Option<Ended>) {
+    let (mut parses, mut parsed) = (0, 0);
+    for fed in 1..=text.len() {
+        let buf = &text[..fed];
+        if !worth_parsing(buf, parsed) {
+            continue;
+        }
+        parses += 1;
+        match parse_head(buf, &Method::GET) {
+            Ok(None) => parsed = fed,
+            Ok(Some((_, len))) => return (parses, Some((Ok(len), fed))),
+            Err(e) => return (parses, Some((Err(e), fed))),
+        }
+    }
+    (parses, None)
+}
+
+/// Goal: a head that trickles in a byte per read is parsed about once per line, not
+/// once per byte (whose cost would grow with the square of its length), and is still
+/// found whole at its last byte; a head that never ends a line is still refused at
+/// `RESPONSE_HEAD_BYTES_MAX`, and a malformed one by the end of its line. Method: feed
+/// heads a byte at a time and count the parses.
+#[test]
+fn a_head_trickled_a_byte_at_a_time_is_parsed_once_per_line() {
+    let value = "v".repeat(500);
+    let lines: Vec<String> = (0..100).map(|i| format!("X-H{i}: {value}")).collect();
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let text = ok_with(&refs);
+    let (parses, outcome) = trickle(text.as_bytes());
+    assert!(matches!(outcome, Some((Ok(len), fed)) if len == text.len() && fed == text.len()));
+    // The first byte, then the status line, each header line and the empty line: one
+    // parse each.
+    assert!(
+        parses <= lines.len() + 3,
+        "{parses} parses for {} lines",
+        lines.len()
+    );
+
+    let mut endless = b"HTTP/1.1 200 OK\r\nX-Long: ".to_vec();
+    endless.resize(RESPONSE_HEAD_BYTES_MAX + 10, b'a');
+    let (parses, outcome) = trickle(&endless);
+    assert!(matches!(outcome, Some((Err(_), fed)) if fed == RESPONSE_HEAD_BYTES_MAX + 1));
+    assert_eq!(
+        parses, 3,
+        "the first byte, the status line, the head over its limit"
+    );
+
+    let malformed = b"HTTP/1.1 2x0 OK\r\n\r\n";
+    let (_, outcome) = trickle(malformed);
+    assert!(
+        matches!(outcome, Some((Err(_), fed)) if fed <= 17),
+        "not refused by the end of its first line: {outcome:?}"
+    );
+}
+
 /// Goal: a head that has not ended within `RESPONSE_HEAD_BYTES_MAX` bytes is refused,
 /// not waited for; up to the limit it is waited for. Method: parse a head cut short at
 /// the limit and one byte beyond it.
