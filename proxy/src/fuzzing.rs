@@ -231,6 +231,13 @@ pub fn parse_answer_head(buf: &[u8], method: &http::Method) -> Result<Option<Ans
     }))
 }
 
+/// Whether the exchange parses an answer head arriving in `buf` again, after the last
+/// attempt found it partial at `parsed` bytes (0 before the first): the codec's
+/// `worth_parsing`.
+pub fn worth_parsing_answer_head(buf: &[u8], parsed: usize) -> bool {
+    codec::worth_parsing(buf, parsed)
+}
+
 /// What [`ChunkedBody::decode`] found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ChunkedPiece {

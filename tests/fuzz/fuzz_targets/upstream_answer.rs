@@ -3,12 +3,15 @@
 //! then a chunked body decoded, whole and in pieces.
 //!
 //! The first byte picks the request's method (even: HEAD, odd: GET, so that seeds start
-//! with `H` or `G`) and, in its other bits, the largest piece the body is cut into; the
-//! rest is what the upstream sent.
+//! with `H` or `G`) and, in its other bits, the largest piece the answer and its body
+//! are cut into; the rest is what the upstream sent.
 //!
 //! Property: nothing panics. A head that parses took at most the input and at most
 //! `ANSWER_HEAD_BYTES_MAX` bytes, parses the same without the bytes after it, and is not
-//! a head yet when cut shorter; a head still awaited is within that limit. Its headers
+//! a head yet when cut shorter; a head still awaited is within that limit. Fed in pieces
+//! and parsed only when the exchange would parse it (once a line has ended), a head is
+//! found at the same length, one awaited whole is awaited, and one refused whole is
+//! never taken. Its headers
 //! are the lines the upstream sent (split again here) but the hop-by-hop ones and those
 //! `Connection` names. Its framing agrees with those lines: no body exactly for HEAD,
 //! 1xx, 204 and 304; chunked only with one `chunked` coding and no `Content-Length`; a
@@ -25,7 +28,7 @@ use http::{HeaderMap, Method, StatusCode, Version};
 use libfuzzer_sys::fuzz_target;
 use palisade_proxy::fuzzing::{
     ANSWER_HEAD_BYTES_MAX, AnswerFraming, AnswerHead, CHUNK_LINE_BYTES_MAX, ChunkedBody,
-    ChunkedPiece, TRAILER_BYTES_MAX, parse_answer_head,
+    ChunkedPiece, TRAILER_BYTES_MAX, parse_answer_head, worth_parsing_answer_head,
 };
 
 /// The most bytes a chunked decoder may hold while it waits for more: a size line (CR
@@ -268,6 +271,41 @@ fn check_chunked(body: &[u8], selector: u8) {
     }
 }
 
+/// The answer fed in pieces cut by `selector`, parsed only when the exchange would parse
+/// it (`worth_parsing_answer_head`): a head that parses whole is found at the same
+/// length; one still awaited whole is awaited in pieces; one refused whole is refused, or
+/// still awaited (its bad byte came before a line's end that never arrived).
+fn check_trickled(answer: &[u8], method: &Method, selector: u8, whole: Result<Option<usize>, ()>) {
+    let largest = usize::from(selector >> 1) + 1;
+    let mut parsed = 0;
+    let mut fed = 0;
+    let mut outcome = Ok(None);
+    for piece in pieces(answer, largest, selector) {
+        fed += piece.len();
+        if !worth_parsing_answer_head(&answer[..fed], parsed) {
+            continue;
+        }
+        match parse_answer_head(&answer[..fed], method) {
+            Ok(None) => parsed = fed,
+            Ok(Some(head)) => {
+                outcome = Ok(Some(head.len));
+                break;
+            }
+            Err(_) => {
+                outcome = Err(());
+                break;
+            }
+        }
+    }
+    match whole {
+        Ok(_) => assert_eq!(outcome, whole, "in pieces of up to {largest}"),
+        Err(()) => assert!(
+            !matches!(outcome, Ok(Some(_))),
+            "refused whole, a head in pieces of up to {largest}: {outcome:?}"
+        ),
+    }
+}
+
 /// One input: the method's selector byte, then the upstream's answer.
 fn check(data: &[u8]) {
     let Some((&selector, answer)) = data.split_first() else {
@@ -278,7 +316,13 @@ fn check(data: &[u8]) {
     } else {
         Method::GET
     };
-    let head = match parse_answer_head(answer, &method) {
+    let whole = parse_answer_head(answer, &method);
+    let summary = match &whole {
+        Ok(head) => Ok(head.as_ref().map(|head| head.len)),
+        Err(_) => Err(()),
+    };
+    check_trickled(answer, &method, selector, summary);
+    let head = match whole {
         Ok(Some(head)) => head,
         Ok(None) => {
             assert!(
