@@ -274,8 +274,9 @@ impl Fencer {
         scope: &str,
         token: u64,
     ) -> Result<Admitted, ProxyError> {
-        // One reading of the clock serves both the deadline and the wait reported.
-        let started = Instant::now();
+        // One reading of the clock serves both the deadline and the wait reported: the
+        // poll's (a deadline a few microseconds early only gives up sooner).
+        let started = palisade_server::clock::tokio_now();
         let deadline = started + self.barrier_timeout;
         // Phase 1: enter the in-flight set, before reading the fence (see the module docs).
         let guard = self
@@ -390,7 +391,11 @@ impl Fencer {
         let scope_owned = scope.to_owned();
         fail::fail_point!("proxy-before-fence-commit");
         let advance = if self.inline_commit {
-            register.advance(&scope_owned, token)
+            let advance = register.advance(&scope_owned, token);
+            // The commit waited for the disk in this poll: later readings of the
+            // clock in it must not predate it.
+            palisade_server::clock::forget();
+            advance
         } else {
             tokio::task::spawn_blocking(move || register.advance(&scope_owned, token))
                 .await

@@ -140,7 +140,8 @@ pub(crate) fn handle(
     // not an `async fn`: an `async fn` keeps each argument twice in its future (as
     // passed, and bound again inside), and these futures live as long as the request.
     async move {
-        let started = Instant::now();
+        // The poll's reading of the clock: see `palisade_server::clock`.
+        let started = palisade_server::clock::now();
         let method = request.method().clone();
         let mut ctx = Ctx {
             started,

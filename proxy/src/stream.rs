@@ -174,7 +174,7 @@ pub(crate) struct Exchange {
 impl Exchange {
     pub(crate) fn new(admitted: Option<Admission>) -> Arc<Self> {
         Arc::new(Self {
-            started: Instant::now(),
+            started: palisade_server::clock::tokio_now(),
             progress_ms: AtomicU64::new(0),
             waiting_for_client: AtomicBool::new(false),
             admitted: Mutex::new(admitted),
@@ -316,7 +316,9 @@ impl<B> RequestBody<B> {
             seen: 0,
             idle_timer: None,
             // The exchange's start is this body's too: no second reading of the clock.
-            last_progress: exchange.as_ref().map_or_else(Instant::now, |x| x.started),
+            last_progress: exchange
+                .as_ref()
+                .map_or_else(palisade_server::clock::tokio_now, |x| x.started),
             held: None,
             parked: None,
             exchange,
@@ -526,14 +528,14 @@ where
                     self.done = true;
                     if let Some(exchange) = &self.exchange {
                         exchange.waiting_for_client.store(false, Ordering::Relaxed);
-                        exchange.progressed(Instant::now());
+                        exchange.progressed(palisade_server::clock::tokio_now());
                     }
                     return Poll::Ready(None);
                 }
                 Poll::Ready(Some(Err(e))) => return self.fail(BodyFault::Read(e.into())),
                 Poll::Ready(Some(Ok(frame))) => frame,
             };
-            self.last_progress = Instant::now();
+            self.last_progress = palisade_server::clock::tokio_now();
             if let Some(exchange) = &self.exchange {
                 exchange.waiting_for_client.store(false, Ordering::Relaxed);
             }

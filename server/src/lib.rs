@@ -29,12 +29,14 @@
 //!   that appends and rotates; security records and rate-limited noise in two files);
 //!   the line it writes is `palisade_protocol::audit`'s.
 //! - `html`: the status pages' escaping, page frame and times.
+//! - `clock`: [`clock::now`], one reading of the clock per poll of a connection's task.
 //! - `timer`: [`LazyTimer`] and [`LazySleep`], hyper's timer and a connection's deadlines,
 //!   moved later without touching tokio's timer wheel.
 #![deny(missing_docs)]
 
 mod api;
 pub mod audit;
+pub mod clock;
 mod conns;
 pub mod html;
 pub mod roles;

@@ -38,7 +38,7 @@ pub struct LazyTimer;
 
 impl hyper::rt::Timer for LazyTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(LazySleep::until(Instant::now() + duration))
+        Box::pin(LazySleep::until(crate::clock::tokio_now() + duration))
     }
 
     fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
@@ -54,7 +54,7 @@ impl hyper::rt::Timer for LazyTimer {
     }
 
     fn now(&self) -> std::time::Instant {
-        Instant::now().into_std()
+        crate::clock::now()
     }
 }
 

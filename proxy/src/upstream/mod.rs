@@ -270,11 +270,13 @@ impl HttpUpstream {
             };
             // A request that may upgrade needs hyper's upgrade support.
             let own = self.own_http1 && upgrade.is_none() && request.method() != Method::CONNECT;
-            let started = tokio::time::Instant::now();
+            let started = palisade_server::clock::tokio_now();
             let result = self.send(request, exchange, started, own).await;
-            m::hot_path_handles()
-                .upstream_seconds
-                .record(started.elapsed().as_secs_f64());
+            m::hot_path_handles().upstream_seconds.record(
+                palisade_server::clock::tokio_now()
+                    .saturating_duration_since(started)
+                    .as_secs_f64(),
+            );
             let (response, mut conn) =
                 match result.ok_or(ProxyError::UpstreamTimeout { timeout_ms })?? {
                     Answer::Hyper(response, conn) => (response, conn),

@@ -194,7 +194,9 @@ impl Pool {
             if sender.is_closed() {
                 continue;
             }
-            if since.elapsed() >= self.idle_expiry {
+            if palisade_server::clock::tokio_now().saturating_duration_since(since)
+                >= self.idle_expiry
+            {
                 // Every connection below this one has been idle longer still.
                 let expired = std::mem::take(&mut self.state().idle);
                 drop(expired);
@@ -267,7 +269,7 @@ impl Pool {
         conn: T,
         stack: impl Fn(&mut State) -> &mut VecDeque<(Instant, T)>,
     ) -> Vec<(Instant, T)> {
-        let now = Instant::now();
+        let now = palisade_server::clock::tokio_now();
         let mut dropped = Vec::new();
         let mut state = self.state();
         let idle = stack(&mut state);
@@ -291,7 +293,9 @@ impl Pool {
             let Some((since, conn)) = popped else {
                 break;
             };
-            if since.elapsed() >= self.idle_expiry {
+            if palisade_server::clock::tokio_now().saturating_duration_since(since)
+                >= self.idle_expiry
+            {
                 // Every connection below this one has been idle longer still.
                 let expired = std::mem::take(&mut self.state().own);
                 drop(expired);

@@ -37,7 +37,12 @@ pub(super) struct Signals {
 
 impl Signals {
     pub(super) fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        u64::try_from(
+            crate::clock::tokio_now()
+                .saturating_duration_since(self.epoch)
+                .as_millis(),
+        )
+        .unwrap_or(u64::MAX)
     }
 }
 
@@ -99,7 +104,7 @@ impl Slot {
     /// What the connection's task does next: when to look at the slot again, and, if
     /// the slot is idle, the reason and deadline to close it for.
     pub(super) fn next_check(&self, policy: &ConnPolicy, release_after: Option<Duration>) -> Check {
-        let now = Instant::now();
+        let now = crate::clock::tokio_now();
         // Nothing signals the task when a request starts or ends, so it looks again at
         // least this often: a connection that turns idle at `t` is then seen idle by
         // `t + recheck`, at or before its close is due (`t + keepalive_timeout`), and a

@@ -59,6 +59,10 @@ const WRITE_SLICES_MAX: usize = 16;
 /// one system call with what was queued before it.
 const WRITE_COALESCE_BYTES: usize = 64 * 1024;
 
+/// Room for buffers in a request's write queue from the start: the head and a body
+/// read ahead whole, or a chunk's size line, data and end, without growing it.
+const WRITE_QUEUE_SLOTS: usize = 4;
+
 /// Most interim (1xx) answers skipped before the final one; more fail the exchange.
 pub(crate) const INTERIM_RESPONSES_MAX: usize = 16;
 
@@ -243,6 +247,9 @@ where
         } else {
             Vec::new()
         };
+        let queued = head.len();
+        let mut queue = VecDeque::with_capacity(WRITE_QUEUE_SLOTS);
+        queue.push_back(head.freeze());
         Ok(Self {
             conn,
             method: parts.method,
@@ -253,8 +260,8 @@ where
                 _ => 0,
             },
             declared,
-            queued: head.len(),
-            queue: VecDeque::from([head.freeze()]),
+            queued,
+            queue,
             write_failed: None,
             interim: 0,
             head_parsed: 0,
