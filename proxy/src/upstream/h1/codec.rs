@@ -181,7 +181,7 @@ pub(crate) fn parse_head(
     let mut headers = HeaderMap::with_capacity(parsed.headers.len());
     let mut hop = Hop::default();
     for line in &*parsed.headers {
-        let name = HeaderName::from_bytes(line.name.as_bytes()).map_err(|_| {
+        let name = header_name(line.name.as_bytes()).map_err(|_| {
             bad(format!(
                 "the answer's header name {:?} is invalid",
                 line.name
@@ -221,6 +221,30 @@ pub(crate) fn parse_head(
         },
         len,
     )))
+}
+
+/// The name of an answer's header line, as `HeaderName::from_bytes` reads it. The
+/// names most answers carry, spelled as servers send them (capitalised or in lower
+/// case), are matched as they are: a comparison of a few bytes, where `from_bytes`
+/// lower-cases the name into a buffer and looks it up, about 120 instructions a line.
+/// Every other spelling goes through `from_bytes`.
+fn header_name(raw: &[u8]) -> Result<HeaderName, http::header::InvalidHeaderName> {
+    let known = match raw {
+        b"Date" | b"date" => header::DATE,
+        b"Server" | b"server" => header::SERVER,
+        b"Content-Type" | b"content-type" => header::CONTENT_TYPE,
+        b"Content-Length" | b"content-length" => header::CONTENT_LENGTH,
+        b"Connection" | b"connection" => header::CONNECTION,
+        b"Transfer-Encoding" | b"transfer-encoding" => header::TRANSFER_ENCODING,
+        b"ETag" | b"Etag" | b"etag" => header::ETAG,
+        b"Last-Modified" | b"last-modified" => header::LAST_MODIFIED,
+        b"Accept-Ranges" | b"accept-ranges" => header::ACCEPT_RANGES,
+        b"Cache-Control" | b"cache-control" => header::CACHE_CONTROL,
+        b"Location" | b"location" => header::LOCATION,
+        b"Vary" | b"vary" => header::VARY,
+        _ => return HeaderName::from_bytes(raw),
+    };
+    Ok(known)
 }
 
 /// Whether an answer head arriving in `buf` is worth parsing: the first time (`parsed`

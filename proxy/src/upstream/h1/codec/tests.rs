@@ -332,6 +332,57 @@ fn an_encoded_chunked_body_decodes_to_its_data_and_declared_trailers() {
 // parse_head: the head itself
 // ---------------------------------------------------------------------------------------
 
+/// Goal: the names matched as they are read exactly as `HeaderName::from_bytes` reads
+/// them, and every other spelling (other cases, near misses, invalid names) is left to
+/// it, with its answer.
+/// Method: each matched spelling, its other cases, each with a byte more or less, and
+/// strings that are not names; compare with `from_bytes`.
+#[test]
+fn header_names_matched_as_sent_read_as_from_bytes_reads_them() {
+    let spellings = [
+        "Date",
+        "Server",
+        "Content-Type",
+        "Content-Length",
+        "Connection",
+        "Transfer-Encoding",
+        "ETag",
+        "Etag",
+        "Last-Modified",
+        "Accept-Ranges",
+        "Cache-Control",
+        "Location",
+        "Vary",
+        "X-Amz-Request-Id",
+    ];
+    let mut checked = 0;
+    for spelling in spellings {
+        let variants = [
+            spelling.to_owned(),
+            spelling.to_ascii_lowercase(),
+            spelling.to_ascii_uppercase(),
+            format!("{spelling}s"),
+            spelling[1..].to_owned(),
+            format!("{spelling}:"),
+            format!(" {spelling}"),
+        ];
+        for variant in &variants {
+            let ours = header_name(variant.as_bytes()).ok();
+            let theirs = HeaderName::from_bytes(variant.as_bytes()).ok();
+            assert_eq!(ours, theirs, "{variant:?}");
+            checked += 1;
+        }
+    }
+    for raw in [&b""[..], b"\xff", b"Date\0", b"Content Length"] {
+        assert_eq!(
+            header_name(raw).ok(),
+            HeaderName::from_bytes(raw).ok(),
+            "{raw:?}"
+        );
+    }
+    assert!(checked >= 90, "{checked}");
+}
+
 /// Goal: a whole head gives its status, version and every header value, and its length
 /// is that of the head alone: the body's bytes after it are left for the body. Method:
 /// parse a head followed by body bytes.
