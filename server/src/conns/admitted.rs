@@ -194,6 +194,9 @@ impl Admitted {
         let mut timer = std::pin::pin!(LazySleep::until(check.at));
         loop {
             tokio::select! {
+                // In this order at every poll, not a random one: the connection's own
+                // work first (a random order costs a draw per wake-up, three a request).
+                biased;
                 ended = conn.as_mut() => {
                     return match ended {
                         Ok(()) if released => Ok(Served::Released),
