@@ -5,14 +5,19 @@
 //! allows: the client's origin-form URI goes on unchanged when the upstream URL has no
 //! base path, and hop-by-hop headers are found by comparing names, not by parsing.
 
+mod deadline;
 pub(crate) mod h1;
 mod pool;
 
 pub(crate) use pool::set_thread_shard;
 
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures_util::FutureExt;
+use futures_util::future::Either;
 
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, header};
@@ -20,9 +25,9 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use palisade_server::LazySleep;
 use tokio::sync::Semaphore;
 
+use self::deadline::Deadlined;
 use self::pool::{Checkout, Pool, PooledBody, Sender};
 
 use crate::StartError;
@@ -332,6 +337,11 @@ enum Answer {
     Own(Response<h1::OwnBody>),
 }
 
+/// The answer of the proxy's own exchange.
+fn own_answer(answer: Result<Response<h1::OwnBody>, ProxyError>) -> Result<Answer, ProxyError> {
+    answer.map(Answer::Own)
+}
+
 /// A 101 to a request that asked for no upgrade.
 fn unasked_upgrade() -> ProxyError {
     ProxyError::Upstream(
@@ -390,43 +400,22 @@ impl HttpUpstream {
     /// Sends the request and waits for the response head, until the upstream has been
     /// quiet for the upstream timeout: no answer and no body taken for that long. `None`
     /// is that timeout. Getting a connection counts as part of the wait.
-    async fn send(
-        &self,
+    ///
+    /// Not an `async fn`: the exchange's future is made here and held once, inline in
+    /// [`Deadlined`], instead of being moved into a second future of its own.
+    fn send<'a>(
+        &'a self,
         request: Request<UpstreamBody>,
-        exchange: Option<&Arc<Exchange>>,
+        exchange: Option<&'a Arc<Exchange>>,
         start: tokio::time::Instant,
         own: bool,
-    ) -> Option<Result<Answer, ProxyError>> {
-        let mut send = std::pin::pin!(self.exchange(request, own));
-        // A lazy sleep: its polls while the exchange waits do not call into tokio's
-        // timer, and moving it later is free.
-        let mut timer = std::pin::pin!(LazySleep::until(start + self.timeout));
-        loop {
-            let deadline = match exchange {
-                Some(exchange) => exchange.upstream_deadline(self.timeout),
-                None => Some(start + self.timeout),
-            };
-            // While the body waits for its client, the body's idle timeout applies, not
-            // this one; look again a timeout later.
-            let wake = deadline.unwrap_or_else(|| tokio::time::Instant::now() + self.timeout);
-            timer.as_mut().reset(wake);
-            tokio::select! {
-                // The exchange first, always: no random pick between the branches.
-                biased;
-                result = &mut send => return Some(result),
-                () = timer.as_mut() => {}
-            }
-            let now = tokio::time::Instant::now();
-            let late = match exchange {
-                Some(exchange) => exchange
-                    .upstream_deadline(self.timeout)
-                    .is_some_and(|d| d <= now),
-                None => true,
-            };
-            if late {
-                return None;
-            }
-        }
+    ) -> impl Future<Output = Option<Result<Answer, ProxyError>>> + 'a {
+        let timeout = self.timeout;
+        let late = move || match exchange {
+            Some(exchange) => exchange.upstream_deadline(timeout),
+            None => Some(start + timeout),
+        };
+        Deadlined::new(self.exchange(request, own), late, timeout)
     }
 
     /// Takes a connection and sends the request on it.
@@ -439,49 +428,74 @@ impl HttpUpstream {
     ///
     /// With `own`, the proxy's own HTTP/1 exchange sends it, on a connection checked
     /// open before the request is written ([`h1`]).
-    async fn exchange(
+    ///
+    /// Not an `async fn`: each way is a future of its own, made here, so that a request
+    /// on one does not carry the other's room, and neither keeps `request` twice.
+    fn exchange(
+        &self,
+        request: Request<UpstreamBody>,
+        own: bool,
+    ) -> impl Future<Output = Result<Answer, ProxyError>> + '_ {
+        if !own {
+            return Either::Right(self.exchange_hyper(request));
+        }
+        // A pooled connection (the usual case) is taken without an await, and the
+        // exchange's future is all this holds. A dial is boxed: a request that finds a
+        // connection should not carry the dial's room, nor the request a second time.
+        Either::Left(match self.pool.take_idle_own() {
+            Some(conn) => Either::Left(h1::exchange(conn, request, &self.pool).map(own_answer)),
+            None => Either::Right(Box::pin(async move {
+                let conn = self.pool.dial_own().await?;
+                own_answer(h1::exchange(conn, request, &self.pool).await)
+            })),
+        })
+    }
+
+    /// [`exchange`](Self::exchange) on a connection hyper runs.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` keeps its arguments twice"
+    )]
+    fn exchange_hyper(
         &self,
         mut request: Request<UpstreamBody>,
-        own: bool,
-    ) -> Result<Answer, ProxyError> {
-        if own {
-            let conn = self.pool.take_own().await?;
-            return h1::exchange(conn, request, &self.pool)
-                .await
-                .map(Answer::Own);
-        }
-        loop {
-            let Checkout { sender, reused } = self.pool.take().await?;
-            let (sent, sender) = match sender {
-                Sender::Http1(mut h1) => (h1.try_send_request(request).await, Sender::Http1(h1)),
-                Sender::Http2(mut h2) => {
-                    // HTTP/2 carries the target as `:scheme`, `:authority` and `:path`.
-                    let path = request.uri().path_and_query().cloned();
-                    *request.uri_mut() = self.absolute(path);
-                    (h2.try_send_request(request).await, Sender::Http2(h2))
-                }
-            };
-            match sent {
-                Ok(response) => return Ok(Answer::Hyper(response, Some(sender))),
-                Err(mut e) => match e.take_message() {
-                    Some(mut unsent) if reused => {
-                        tracing::debug!(cause = %e.error(), "pooled upstream connection closed before the request was sent; trying another");
-                        if let Sender::Http2(_) = sender {
-                            let path = unsent.uri().path_and_query().cloned();
-                            *unsent.uri_mut() = path.map_or_else(Uri::default, Uri::from);
+    ) -> impl Future<Output = Result<Answer, ProxyError>> + '_ {
+        async move {
+            loop {
+                let Checkout { sender, reused } = self.pool.take().await?;
+                let (sent, sender) = match sender {
+                    Sender::Http1(mut h1) => {
+                        (h1.try_send_request(request).await, Sender::Http1(h1))
+                    }
+                    Sender::Http2(mut h2) => {
+                        // HTTP/2 carries the target as `:scheme`, `:authority` and `:path`.
+                        let path = request.uri().path_and_query().cloned();
+                        *request.uri_mut() = self.absolute(path);
+                        (h2.try_send_request(request).await, Sender::Http2(h2))
+                    }
+                };
+                match sent {
+                    Ok(response) => return Ok(Answer::Hyper(response, Some(sender))),
+                    Err(mut e) => match e.take_message() {
+                        Some(mut unsent) if reused => {
+                            tracing::debug!(cause = %e.error(), "pooled upstream connection closed before the request was sent; trying another");
+                            if let Sender::Http2(_) = sender {
+                                let path = unsent.uri().path_and_query().cloned();
+                                *unsent.uri_mut() = path.map_or_else(Uri::default, Uri::from);
+                            }
+                            request = unsent;
                         }
-                        request = unsent;
-                    }
-                    _ => {
-                        let e = e.into_error();
-                        return Err(match BodyFault::find(&e) {
-                            // The client's body failed, not the upstream: answer with
-                            // its fault.
-                            Some(fault) => fault.to_proxy_error(),
-                            None => ProxyError::Upstream(error_chain(&e)),
-                        });
-                    }
-                },
+                        _ => {
+                            let e = e.into_error();
+                            return Err(match BodyFault::find(&e) {
+                                // The client's body failed, not the upstream: answer with
+                                // its fault.
+                                Some(fault) => fault.to_proxy_error(),
+                                None => ProxyError::Upstream(error_chain(&e)),
+                            });
+                        }
+                    },
+                }
             }
         }
     }

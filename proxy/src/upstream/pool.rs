@@ -286,13 +286,21 @@ impl Pool {
     }
 
     /// A connection for the proxy's own HTTP/1 exchange: the most recently idle one that
-    /// is still open (the upstream has not closed it), or a new one.
+    /// is still open (the upstream has not closed it), or a new one. (The proxy takes
+    /// the two ways apart: see `HttpUpstream::exchange`.)
+    #[cfg(test)]
     pub(super) async fn take_own(&self) -> Result<Conn, ProxyError> {
+        match self.take_idle_own() {
+            Some(conn) => Ok(conn),
+            None => self.dial_own().await,
+        }
+    }
+
+    /// The most recently idle connection of the proxy's own HTTP/1 exchange that is
+    /// still open, if any: no await, so a request that finds one needs no future for it.
+    pub(super) fn take_idle_own(&self) -> Option<Conn> {
         loop {
-            let popped = self.state().own.pop_back();
-            let Some((since, conn)) = popped else {
-                break;
-            };
+            let (since, conn) = self.state().own.pop_back()?;
             if palisade_server::clock::tokio_now().saturating_duration_since(since)
                 >= self.idle_expiry
             {
@@ -302,15 +310,17 @@ impl Pool {
                 continue;
             }
             if conn.is_open() {
-                return Ok(conn);
+                return Some(conn);
             }
         }
-        // Boxed, as for hyper's connections: a request that finds a pooled connection
-        // should not carry the dial's room in its own future.
-        let dial = Box::pin(async {
+    }
+
+    /// A new connection for the proxy's own HTTP/1 exchange, within the connect timeout.
+    pub(super) async fn dial_own(&self) -> Result<Conn, ProxyError> {
+        let dial = async {
             let tcp = self.connect().await?;
             Ok(Conn::new(tcp))
-        });
+        };
         match tokio::time::timeout(self.connect_timeout, dial).await {
             Ok(dialled) => dialled,
             Err(_) => Err(self.connect_timed_out()),
