@@ -5,9 +5,16 @@
 //! to say (`.ci/check-metrics` checks it). The fence of each scope is not a registered
 //! metric: [`render`] writes it from the fence register at each scrape, for at most
 //! [`FENCE_GAUGE_SCOPES_MAX`] scopes.
+//!
+//! The recorder keeps each sample of a histogram (the upstream latency: one per
+//! forwarded request) until it is drained into the histogram's buckets. A scrape drains
+//! them, and so does the recorder's upkeep, which a thread of its own runs every
+//! [`METRICS_UPKEEP_INTERVAL`]. Without it, a proxy nobody scrapes held about 20 bytes
+//! per request for good: 3.5 MiB more every 10 s at 18,000 requests a second.
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use metrics::{Counter, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -88,8 +95,14 @@ const UPSTREAM_BUCKETS: &[f64] = &[
     5.0, 10.0,
 ];
 
+/// How often the recorder's upkeep drains the histogram samples kept since the last
+/// drain into their buckets: the memory they hold is bounded by the requests forwarded
+/// in this time (about 20 bytes each).
+pub const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The process's Prometheus handle. The recorder is global to the process, so it is
-/// installed once, by whichever proxy or node starts first.
+/// installed once, by whichever proxy or node starts first, and so is the thread that
+/// runs its upkeep (see the module's documentation).
 pub fn prometheus() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
@@ -105,8 +118,26 @@ pub fn prometheus() -> &'static PrometheusHandle {
         }
         describe();
         metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+        spawn_upkeep(handle.clone(), METRICS_UPKEEP_INTERVAL);
         handle
     })
+}
+
+/// Runs `handle`'s upkeep every `interval`, for the life of the process, in a thread
+/// of its own: the recorder is the process's, not any one runtime's, and outlives them.
+fn spawn_upkeep(handle: PrometheusHandle, interval: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("metrics-upkeep".to_owned())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(interval);
+                handle.run_upkeep();
+            }
+        });
+    if let Err(e) = spawned {
+        // Scrapes still drain the samples; between them they are held.
+        tracing::warn!(error = %e, "cannot start the metrics upkeep thread: histogram samples are held until /metrics is scraped");
+    }
 }
 
 /// The text exposition: the recorder's metrics, then each scope's fence.
