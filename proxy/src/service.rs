@@ -136,7 +136,7 @@ struct Ctx {
 /// future rather than `async fn`s, here and in what it awaits: an `async fn` keeps each
 /// argument twice in its future (as passed, and bound again inside). And work that needs
 /// no await is done before the future is made, so the future holds its result, not
-/// its inputs as well (see `docs/benchmarks.md`, "Futures that hold their state once").
+/// its inputs as well (`docs/benchmarks.md`, eleventh pass).
 pub(crate) fn handle(
     shared: Arc<Shared>,
     request: Request<Incoming>,
