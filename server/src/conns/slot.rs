@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -36,6 +38,17 @@ pub(super) struct Signals {
 }
 
 impl Signals {
+    /// Signals whose clock starts now, with nothing live or waiting.
+    pub(super) fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            waiting: AtomicBool::new(false),
+            freed: Notify::new(),
+            live: AtomicUsize::new(0),
+            all_closed: Notify::new(),
+        }
+    }
+
     pub(super) fn now_ms(&self) -> u64 {
         u64::try_from(
             crate::clock::tokio_now()
@@ -56,41 +69,53 @@ pub(super) struct Slot {
     /// Milliseconds since `Signals::epoch` at admission, then at the end of the latest
     /// response.
     pub(super) idle_since_ms: AtomicU64,
-    /// [`Told`] reasons, as bits, set before `told` is notified.
+    /// [`Told`] reasons, as bits, set before `told` is woken.
     pub(super) reasons: AtomicU8,
-    /// Notified when the slot is claimed by an eviction or the listener shuts down.
+    /// Woken when the slot is claimed by an eviction or the listener shuts down.
     ///
-    /// One notifier per slot, rather than one the whole listener shares (as a watch
-    /// channel of its shutdown was): the connection's task polls this on every wake-up,
-    /// and a waiting `Notified` takes its notifier's lock at each poll. Shared, that lock
-    /// was one cache line for every connection of every data-path thread; per slot, it is
-    /// only ever taken by the slot's own thread, except at the one eviction or shutdown.
-    pub(super) told: Notify,
+    /// One waker per slot, rather than a notifier the whole listener shares (as a watch
+    /// channel of its shutdown was): the connection's task polls [`Slot::told`] at every
+    /// wake-up (three a request). A waiting `Notify` takes its lock at each of those
+    /// polls; the waker is a compare-and-swap, and its line is only ever touched by the
+    /// slot's own thread, except at the one eviction or shutdown. It holds one waker:
+    /// only the connection's own task waits on its slot.
+    pub(super) told: AtomicWaker,
     pub(super) signals: Arc<Signals>,
 }
 
 impl Slot {
     /// Tells the slot's task to stop, for `why`. A task not waiting yet sees it at its
-    /// next wait (`Notify` keeps the permit).
+    /// next wait (the reasons stay set).
     pub(super) fn tell(&self, why: Told) {
         self.reasons.fetch_or(why as u8, Ordering::AcqRel);
-        self.told.notify_one();
+        self.told.wake();
     }
 
     /// Waits until the slot is told to stop, and says why; at once if it was told before
     /// (the reasons stay set, so every later wait sees them too). An eviction wins over a
-    /// shutdown when both came, since the eviction has already counted the close.
-    pub(super) async fn told(&self) -> Told {
-        loop {
-            let reasons = self.reasons.load(Ordering::Acquire);
-            if reasons & Told::Evicted as u8 != 0 {
-                return Told::Evicted;
+    /// shutdown when both came, since the eviction has already counted the close. Only
+    /// the connection's own task may wait (the slot keeps one waker).
+    pub(super) fn told(&self) -> impl Future<Output = Told> + '_ {
+        std::future::poll_fn(move |cx| {
+            if let Some(told) = self.reason() {
+                return Poll::Ready(told);
             }
-            if reasons & Told::ShuttingDown as u8 != 0 {
-                return Told::ShuttingDown;
-            }
-            // A `tell` between the load and this wait leaves a permit, which ends it.
-            self.told.notified().await;
+            self.told.register(cx.waker());
+            // A `tell` between the first look and the registration woke no waker: look
+            // again now that one is registered.
+            self.reason().map_or(Poll::Pending, Poll::Ready)
+        })
+    }
+
+    /// Why the slot was told to stop, if it was.
+    fn reason(&self) -> Option<Told> {
+        let reasons = self.reasons.load(Ordering::Acquire);
+        if reasons & Told::Evicted as u8 != 0 {
+            Some(Told::Evicted)
+        } else if reasons & Told::ShuttingDown as u8 != 0 {
+            Some(Told::ShuttingDown)
+        } else {
+            None
         }
     }
 
@@ -173,4 +198,95 @@ pub(super) struct Check {
     pub(super) release: Option<Instant>,
     /// The slot's `idle_since_ms` this was computed from.
     pub(super) since_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    use super::*;
+
+    fn slot() -> Arc<Slot> {
+        Arc::new(Slot {
+            id: 0,
+            state: AtomicU32::new(0),
+            served: AtomicBool::new(false),
+            idle_since_ms: AtomicU64::new(0),
+            reasons: AtomicU8::new(0),
+            told: AtomicWaker::new(),
+            signals: Arc::new(Signals::new()),
+        })
+    }
+
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Goal: a task waiting on its slot is woken by a `tell` and then hears why, however
+    /// often it was polled before; polls before the `tell` stay pending. Method: poll a
+    /// wait by hand with a counting waker, several times, then tell the slot.
+    #[test]
+    fn a_waiting_task_is_woken_by_a_tell_and_hears_why() {
+        let slot = slot();
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(Arc::clone(&count));
+        let mut cx = Context::from_waker(&waker);
+        let mut wait = pin!(slot.told());
+        for _ in 0..3 {
+            assert!(wait.as_mut().poll(&mut cx).is_pending());
+        }
+        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        slot.tell(Told::ShuttingDown);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "the tell woke no one");
+        assert_eq!(wait.poll(&mut cx), Poll::Ready(Told::ShuttingDown));
+    }
+
+    /// Goal: a `tell` before the wait is not lost: every later wait ends at once, and an
+    /// eviction wins over a shutdown. Method: tell twice, then start fresh waits.
+    #[test]
+    fn a_tell_before_the_wait_is_seen_by_every_later_wait() {
+        let slot = slot();
+        slot.tell(Told::ShuttingDown);
+        slot.tell(Told::Evicted);
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..2 {
+            assert_eq!(pin!(slot.told()).poll(&mut cx), Poll::Ready(Told::Evicted));
+        }
+    }
+
+    /// Goal: a `tell` from another thread (as an eviction or a shutdown comes) wakes the
+    /// task waiting on a runtime. Method: tell from a fresh thread while a spawned task
+    /// waits, many times, each with a deadline. (The narrow window between the wait's
+    /// first look and its registration is not forced here: the look after registering,
+    /// the pattern `AtomicWaker` documents, covers it.)
+    #[test]
+    fn a_tell_from_another_thread_wakes_the_waiting_task() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        for _ in 0..500 {
+            let slot = slot();
+            let teller = Arc::clone(&slot);
+            runtime.block_on(async move {
+                let waiting = tokio::spawn(async move { slot.told().await });
+                tokio::task::yield_now().await;
+                std::thread::spawn(move || teller.tell(Told::Evicted));
+                let told = tokio::time::timeout(Duration::from_secs(10), waiting)
+                    .await
+                    .expect("the tell was missed")
+                    .expect("the task ran");
+                assert_eq!(told, Told::Evicted);
+            });
+        }
+    }
 }

@@ -2,12 +2,11 @@
 //! shutdown and drain.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-use tokio::time::Instant;
+use futures_util::task::AtomicWaker;
 
 use super::slot::{Signals, Slot, Told};
 use super::{ADMISSION_RECHECK_MS, Admitted, CloseReason, ConnPolicy};
@@ -62,13 +61,7 @@ impl Connections {
         Self {
             table: Arc::new(Table {
                 policy,
-                signals: Arc::new(Signals {
-                    epoch: Instant::now(),
-                    waiting: AtomicBool::new(false),
-                    freed: Notify::new(),
-                    live: AtomicUsize::new(0),
-                    all_closed: Notify::new(),
-                }),
+                signals: Arc::new(Signals::new()),
                 open: Mutex::new(Open {
                     next_id: 0,
                     slots: HashMap::new(),
@@ -115,7 +108,7 @@ impl Connections {
             served: AtomicBool::new(false),
             idle_since_ms: AtomicU64::new(table.signals.now_ms()),
             reasons: AtomicU8::new(0),
-            told: Notify::new(),
+            told: AtomicWaker::new(),
             signals: Arc::clone(&table.signals),
         });
         if table.stopping.load(Ordering::Acquire) {
