@@ -13,9 +13,11 @@
 //! - a chunk size that does not fit in 64 bits.
 
 use std::fmt::Write as _;
+use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, header};
+use smallvec::SmallVec;
 
 use super::super::HOP_BY_HOP;
 
@@ -138,59 +140,81 @@ pub(crate) struct ResponseHead {
     pub(crate) keep_alive: bool,
 }
 
-/// Parses an answer head at the start of `buf`, for a request of `method`. `Ok(None)`:
-/// not all of it has arrived (and it is still within [`RESPONSE_HEAD_BYTES_MAX`]).
-/// `Ok(Some((head, len)))`: the head took `len` bytes.
+/// Header lines an answer head usually has at most: where they lie is kept on the
+/// stack up to this many, and in one allocation beyond.
+const HEAD_LINES_INLINE: usize = 24;
+
+/// Takes an answer head, for a request of `method`, off the start of `buf`. `Ok(None)`:
+/// not all of it has arrived (and it is still within [`RESPONSE_HEAD_BYTES_MAX`]); `buf`
+/// is left as it was. `Ok(Some(head))`: the head's bytes were split off `buf`.
+///
+/// The head's header values are slices of those bytes, shared rather than copied (one
+/// allocation and copy per header line saved): they hold the head's part of the read
+/// buffer until the answer's head has been written to the client.
 ///
 /// The head's headers come without the hop-by-hop ones (those of the proxy's list, and
 /// any that `Connection` names): they are read for the framing and the connection's
 /// reuse in the same pass, and never put in the map, rather than put in and removed.
-pub(crate) fn parse_head(
-    buf: &[u8],
+pub(crate) fn take_head(
+    buf: &mut BytesMut,
     method: &Method,
-) -> Result<Option<(ResponseHead, usize)>, CodecError> {
-    let mut lines = [httparse::EMPTY_HEADER; RESPONSE_HEADERS_MAX];
-    let mut parsed = httparse::Response::new(&mut lines);
-    let len = match parsed.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if buf.len() > RESPONSE_HEAD_BYTES_MAX => {
+) -> Result<Option<ResponseHead>, CodecError> {
+    // Where each line's value lies in the head: the lines borrow `buf`, which must be
+    // split before the values can share its bytes.
+    let mut located: SmallVec<[(HeaderName, Range<usize>); HEAD_LINES_INLINE]> = SmallVec::new();
+    let (len, status, version) = {
+        let mut lines = [httparse::EMPTY_HEADER; RESPONSE_HEADERS_MAX];
+        let mut parsed = httparse::Response::new(&mut lines);
+        let len = match parsed.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() > RESPONSE_HEAD_BYTES_MAX => {
+                return Err(bad(format!(
+                    "the answer's head is over {RESPONSE_HEAD_BYTES_MAX} bytes"
+                )));
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(bad(format!(
+                    "the answer has over {RESPONSE_HEADERS_MAX} header lines"
+                )));
+            }
+            Err(e) => return Err(bad(format!("the answer's head is malformed: {e}"))),
+        };
+        if len > RESPONSE_HEAD_BYTES_MAX {
             return Err(bad(format!(
                 "the answer's head is over {RESPONSE_HEAD_BYTES_MAX} bytes"
             )));
         }
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(bad(format!(
-                "the answer has over {RESPONSE_HEADERS_MAX} header lines"
-            )));
+        // httparse parsed a status code of three digits.
+        let status = StatusCode::from_u16(parsed.code.unwrap_or(0))
+            .map_err(|e| bad(format!("the answer's status is not one: {e}")))?;
+        let version = match parsed.version {
+            Some(1) => Version::HTTP_11,
+            _ => Version::HTTP_10,
+        };
+        let start = buf.as_ptr() as usize;
+        for line in &*parsed.headers {
+            let name = header_name(line.name.as_bytes()).map_err(|_| {
+                bad(format!(
+                    "the answer's header name {:?} is invalid",
+                    line.name
+                ))
+            })?;
+            // httparse's lines are slices of `buf`, within the head's `len` bytes.
+            let at = line.value.as_ptr() as usize - start;
+            debug_assert!(at + line.value.len() <= len);
+            located.push((name, at..at + line.value.len()));
         }
-        Err(e) => return Err(bad(format!("the answer's head is malformed: {e}"))),
+        (len, status, version)
     };
-    if len > RESPONSE_HEAD_BYTES_MAX {
-        return Err(bad(format!(
-            "the answer's head is over {RESPONSE_HEAD_BYTES_MAX} bytes"
-        )));
-    }
-    // httparse parsed a status code of three digits.
-    let status = StatusCode::from_u16(parsed.code.unwrap_or(0))
-        .map_err(|e| bad(format!("the answer's status is not one: {e}")))?;
-    let version = match parsed.version {
-        Some(1) => Version::HTTP_11,
-        _ => Version::HTTP_10,
-    };
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    let bytes = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(located.len());
     let mut hop = Hop::default();
-    for line in &*parsed.headers {
-        let name = header_name(line.name.as_bytes()).map_err(|_| {
-            bad(format!(
-                "the answer's header name {:?} is invalid",
-                line.name
-            ))
-        })?;
-        if hop.takes(&name, line.value) {
+    for (name, at) in located.drain(..) {
+        if hop.takes(&name, &bytes[at.clone()]) {
             continue;
         }
-        let value = HeaderValue::from_bytes(line.value)
+        let value = HeaderValue::from_maybe_shared(bytes.slice(at))
             .map_err(|_| bad(format!("the answer's header {name} has an invalid value")))?;
         headers.append(name, value);
     }
@@ -211,16 +235,25 @@ pub(crate) fn parse_head(
         && framing != ResponseFraming::Close
         && !hop.close
         && status != StatusCode::SWITCHING_PROTOCOLS;
-    Ok(Some((
-        ResponseHead {
-            status,
-            version,
-            headers,
-            framing,
-            keep_alive,
-        },
-        len,
-    )))
+    Ok(Some(ResponseHead {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// [`take_head`] on a copy of `buf`, for tests and fuzzing: `Ok(Some((head, len)))`
+/// when the head took `len` bytes at its start.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn parse_head(
+    buf: &[u8],
+    method: &Method,
+) -> Result<Option<(ResponseHead, usize)>, CodecError> {
+    let mut copy = BytesMut::from(buf);
+    let head = take_head(&mut copy, method)?;
+    Ok(head.map(|head| (head, buf.len() - copy.len())))
 }
 
 /// The name of an answer's header line, as `HeaderName::from_bytes` reads it. The

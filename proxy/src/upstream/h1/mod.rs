@@ -396,25 +396,25 @@ where
         Ok(())
     }
 
-    /// Parses the answer head at the front of the connection's buffer; when it has not
+    /// Takes the answer head off the front of the connection's buffer; when it has not
     /// all arrived, notes how much was looked at.
-    fn parse_head(&mut self) -> Result<Option<(ResponseHead, usize)>, ProxyError> {
-        let parsed = codec::parse_head(&self.conn.buf, &self.method)
+    fn take_head(&mut self) -> Result<Option<ResponseHead>, ProxyError> {
+        let taken = codec::take_head(&mut self.conn.buf, &self.method)
             .map_err(|e| ProxyError::Upstream(e.0))?;
-        if parsed.is_none() {
-            self.head_parsed = self.conn.buf.len();
-        }
-        Ok(parsed)
+        self.head_parsed = if taken.is_none() {
+            self.conn.buf.len()
+        } else {
+            0
+        };
+        Ok(taken)
     }
 
     /// Reads until the answer's head (interim answers skipped) has arrived.
     fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Result<ResponseHead, ProxyError>> {
         loop {
             if codec::worth_parsing(&self.conn.buf, self.head_parsed)
-                && let Some((head, len)) = self.parse_head()?
+                && let Some(head) = self.take_head()?
             {
-                self.conn.buf.advance(len);
-                self.head_parsed = 0;
                 if head.status.is_informational()
                     && head.status != http::StatusCode::SWITCHING_PROTOCOLS
                 {

@@ -403,6 +403,36 @@ fn a_whole_head_gives_its_status_headers_and_length_and_leaves_the_body() {
     assert!(head.keep_alive);
 }
 
+/// Goal: `take_head` splits the head off the connection's buffer and shares its bytes:
+/// every header value lies in the buffer's own memory (no copy per line), the body's
+/// bytes stay in the buffer, and a head not all arrived leaves the buffer as it was.
+/// Method: take a head followed by body bytes from a `BytesMut`, and compare where the
+/// values lie; then take from a buffer holding only part of a head.
+#[test]
+fn take_head_shares_the_buffer_and_leaves_the_body() {
+    let text = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: one\r\nDate: now\r\n\r\nhello";
+    let mut buf = BytesMut::from(&text[..]);
+    let memory = buf.as_ptr() as usize..buf.as_ptr() as usize + text.len();
+    let head = take_head(&mut buf, &Method::GET)
+        .expect("a valid head")
+        .expect("a whole head");
+    assert_eq!(&buf[..], b"hello");
+    assert_eq!(head.headers.len(), 3);
+    for value in head.headers.values() {
+        let at = value.as_bytes().as_ptr() as usize;
+        assert!(
+            memory.contains(&at),
+            "{value:?} was copied out of the buffer"
+        );
+    }
+    assert_eq!(head.headers["x-a"], "one");
+    assert_eq!(head.headers["date"], "now");
+
+    let mut partial = BytesMut::from(&text[..30]);
+    assert!(matches!(take_head(&mut partial, &Method::GET), Ok(None)));
+    assert_eq!(&partial[..], &text[..30]);
+}
+
 /// Goal: a head that has not all arrived is waited for, never refused nor taken as
 /// whole, wherever it was cut. Method: parse every proper prefix of a valid head.
 #[test]
