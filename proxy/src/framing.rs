@@ -72,10 +72,11 @@ fn check_transfer_coding(headers: &HeaderMap) -> Result<(), ProxyError> {
 /// `chunked` (empty list elements aside, which a recipient must accept: RFC 9110
 /// §5.6.1). The upstream's answers are held to the same rule.
 pub(crate) fn unsupported_codings(headers: &HeaderMap) -> Option<String> {
-    // Most requests have no `Transfer-Encoding`: nothing is collected (or allocated).
-    let lines: Vec<&[u8]> = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
+    let mut lines = headers.get_all(header::TRANSFER_ENCODING).iter();
+    // Most requests have no `Transfer-Encoding`: nothing more to look at.
+    let first = lines.next()?;
+    let lines: Vec<&[u8]> = std::iter::once(first)
+        .chain(lines)
         .map(HeaderValue::as_bytes)
         .collect();
     unsupported_codings_in(&lines)

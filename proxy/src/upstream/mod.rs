@@ -588,14 +588,6 @@ fn trim(token: &[u8]) -> &[u8] {
     token.trim_ascii()
 }
 
-/// Removes hop-by-hop headers, including any named by `Connection`.
-///
-/// It runs twice per request (on the request and on the response), so the common case
-/// only compares: a `Connection` header that names nothing beyond `keep-alive`, `close`
-/// or other names already on the list (the usual case, checked once per value) adds no
-/// names, and then each name present is compared with the fixed list alone. Only
-/// names found present are removed, one lookup each. Only a `Connection` that names
-/// other headers has its names parsed, once.
 /// Puts back the upgrade that [`strip_hop_by_hop`] removed, for an exchange whose route
 /// allows upgrades (`protocol` is its `Upgrade` value; `None`: nothing to pass on).
 fn pass_upgrade(headers: &mut HeaderMap, protocol: Option<HeaderValue>) {
@@ -605,6 +597,14 @@ fn pass_upgrade(headers: &mut HeaderMap, protocol: Option<HeaderValue>) {
     }
 }
 
+/// Removes hop-by-hop headers, including any named by `Connection`.
+///
+/// It runs twice per request (on the request and on the response), so the common case
+/// only compares: a `Connection` header that names nothing beyond `keep-alive`, `close`
+/// or other names already on the list (the usual case, checked once per value) adds no
+/// names, and then each name present is compared with the fixed list alone. Only
+/// names found present are removed, one lookup each. Only a `Connection` that names
+/// other headers has its names parsed, once.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let mut named: Vec<HeaderName> = Vec::new();
     for value in headers.get_all(header::CONNECTION) {
