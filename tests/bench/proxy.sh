@@ -58,7 +58,7 @@
 # BENCH_WARMUP (1 s), BENCH_CONNECTIONS (32), BENCH_BODY_BYTES (1024), BENCH_DIR
 # (/var/tmp), BENCH_KEEP (0), BENCH_QUIET_WAIT (0 s: how long to wait for a quiet machine),
 # BENCH_PIN (1), BASELINE_BIN (none), BASELINE_NAME (before), BENCH_COUNTS (0), COUNT_FEW
-# (1000), COUNT_MANY (6000), COUNT_REPEATS (3).
+# (1000), COUNT_MANY (6000), COUNT_REPEATS (3), COUNT_METHOD (PUT).
 # Default run time: about 3 minutes plus the build (4 with BASELINE_BIN); with
 # BENCH_COUNTS=1 about 8.
 # shellcheck source-path=SCRIPTDIR
@@ -112,7 +112,8 @@ RESULTS="$BENCH_WORK/results.jsonl"
 
 # counted NAME KIND BINARY REQUESTS [FLAGS]: a proxy (KIND nginx or palisade, FLAGS
 # appended to a palisade's flags) under callgrind in front of the upstream on $up_port,
-# serving REQUESTS PUTs from 8 connections; prints the instructions callgrind collected.
+# serving REQUESTS PUTs (GETs of the upstream's 1 KiB answer with COUNT_METHOD=GET) from 8
+# connections; prints the instructions callgrind collected.
 counted() {
   local name="$1" kind="$2" bin="$3" n="$4" port admin pid conf extra
   read -r -a extra <<<"${5:-}"
@@ -140,9 +141,13 @@ counted() {
         "http://127.0.0.1:$admin/v1/fences/default" >/dev/null || die "cannot set the fence of $name"
       ;;
   esac
-  taskset -c 1 env PALISADE_WORKER_THREADS=1 "$PALISADE" bench \
-    --url "http://127.0.0.1:$port/bench" --method PUT --body-bytes "$BODY_BYTES" \
-    --token "$TOKEN" --connections 8 --requests "$n" --json >/dev/null
+  local what=(--url "http://127.0.0.1:$port/bench" --method PUT --body-bytes "$BODY_BYTES"
+    --token "$TOKEN")
+  if [ "${COUNT_METHOD:-PUT}" = GET ]; then
+    what=(--url "http://127.0.0.1:$port/get/bench" --method GET --body-bytes 0)
+  fi
+  taskset -c 1 env PALISADE_WORKER_THREADS=1 "$PALISADE" bench "${what[@]}" \
+    --connections 8 --requests "$n" --json >/dev/null
   # valgrind runs the program in its own process: signal the group's members so the
   # tool writes its totals as the proxy exits (nginx stops gracefully on QUIT).
   case "$kind" in
@@ -166,7 +171,11 @@ if [ "${BENCH_COUNTS:-0}" = 1 ]; then
   [ -n "${BASELINE_BIN:-}" ] && counts+=("${BASELINE_NAME:-before} $BASELINE_BIN")
   echo
   echo "user-space instructions per request, from the difference of $few and $many requests;"
-  echo "8 connections, PUT $BODY_BYTES B with an equal token, one worker"
+  if [ "${COUNT_METHOD:-PUT}" = GET ]; then
+    echo "8 connections, GET of 1024 B (unfenced read), one worker"
+  else
+    echo "8 connections, PUT $BODY_BYTES B with an equal token, one worker"
+  fi
   echo
   echo "| proxy | instructions per request (median) | each repetition |"
   echo "|---|---|---|"
