@@ -200,10 +200,7 @@ pub(crate) fn take_head(
                     line.name
                 ))
             })?;
-            // httparse's lines are slices of `buf`, within the head's `len` bytes.
-            let at = line.value.as_ptr() as usize - start;
-            debug_assert!(at + line.value.len() <= len);
-            located.push((name, at..at + line.value.len()));
+            located.push((name, within(start, len, line.value)?));
         }
         (len, status, version)
     };
@@ -242,6 +239,20 @@ pub(crate) fn take_head(
         framing,
         keep_alive,
     }))
+}
+
+/// Where `value`, a slice httparse returned, lies in the head of `len` bytes starting at
+/// address `start`. Any empty value is the empty range at 0. A value outside the head
+/// cannot come from httparse; it is refused rather than sliced (which would panic).
+fn within(start: usize, len: usize, value: &[u8]) -> Result<Range<usize>, CodecError> {
+    if value.is_empty() {
+        return Ok(0..0);
+    }
+    (value.as_ptr() as usize)
+        .checked_sub(start)
+        .filter(|at| at + value.len() <= len)
+        .map(|at| at..at + value.len())
+        .ok_or_else(|| bad("the answer's head parsed to a value outside it"))
 }
 
 /// [`take_head`] on a copy of `buf`, for tests and fuzzing: `Ok(Some((head, len)))`

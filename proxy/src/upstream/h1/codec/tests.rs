@@ -433,6 +433,31 @@ fn take_head_shares_the_buffer_and_leaves_the_body() {
     assert_eq!(&partial[..], &text[..30]);
 }
 
+/// Goal: a value is located in the head only when it lies within it; empty values of
+/// any spelling are taken as empty, and anything else is refused, never sliced. Method:
+/// locate slices inside, at the edges of and outside a buffer; then take heads whose
+/// empty values are written in several ways.
+#[test]
+fn values_are_located_only_within_the_head() {
+    let buf = b"0123456789";
+    let start = buf.as_ptr() as usize;
+    assert_eq!(within(start, 10, &buf[2..5]), Ok(2..5));
+    assert_eq!(within(start, 10, &buf[7..]), Ok(7..10));
+    assert_eq!(within(start, 10, &buf[3..3]), Ok(0..0));
+    assert!(within(start, 6, &buf[4..8]).is_err(), "past the head's end");
+    assert!(
+        within(start + 1, 10, &buf[0..2]).is_err(),
+        "before the head"
+    );
+    assert!(within(start, 10, b"elsewhere").is_err());
+    for empty in ["X-E:", "X-E: ", "X-E:\t", "X-E: \t "] {
+        let text = format!("HTTP/1.1 204 No Content\r\n{empty}\r\n\r\n");
+        let (head, len) = head(&text);
+        assert_eq!(len, text.len());
+        assert_eq!(head.headers["x-e"], "", "{empty:?}");
+    }
+}
+
 /// Goal: a head that has not all arrived is waited for, never refused nor taken as
 /// whole, wherever it was cut. Method: parse every proper prefix of a valid head.
 #[test]
