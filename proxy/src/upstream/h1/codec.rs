@@ -13,6 +13,7 @@
 //! - a chunk size that does not fit in 64 bits.
 
 use std::fmt::Write as _;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -163,9 +164,17 @@ pub(crate) fn take_head(
     // split before the values can share its bytes.
     let mut located: SmallVec<[(HeaderName, Range<usize>); HEAD_LINES_INLINE]> = SmallVec::new();
     let (len, status, version) = {
-        let mut lines = [httparse::EMPTY_HEADER; RESPONSE_HEADERS_MAX];
-        let mut parsed = httparse::Response::new(&mut lines);
-        let len = match parsed.parse(buf) {
+        // Left uninitialised: httparse writes only the lines it finds, where filling
+        // all 128 (4 KiB) would cost more than parsing a usual head.
+        let mut lines =
+            [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; RESPONSE_HEADERS_MAX];
+        let mut parsed = httparse::Response::new(&mut []);
+        let parse = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut parsed,
+            buf,
+            &mut lines,
+        );
+        let len = match parse {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if buf.len() > RESPONSE_HEAD_BYTES_MAX => {
                 return Err(bad(format!(
