@@ -367,6 +367,9 @@ fn forward(
     if let Some(at) = forward_until {
         body.set_forward_until(at);
     }
+    if outgoing.parts.version <= http::Version::HTTP_11 {
+        body.drop_stale_wakes();
+    }
     let Outgoing {
         parts,
         token,

@@ -290,6 +290,8 @@ pub(crate) struct RequestBody<B = Incoming> {
     ahead: VecDeque<Frame<Bytes>>,
     /// The body's fault, met while reading ahead, handed over on the first poll.
     ahead_fault: Option<BodyFault>,
+    /// The body comes from hyper's HTTP/1 server: see [`RequestBody::drop_stale_wakes`].
+    drop_stale_wakes: bool,
 }
 
 impl<B> RequestBody<B> {
@@ -326,7 +328,14 @@ impl<B> RequestBody<B> {
             ahead: VecDeque::new(),
             ahead_fault: None,
             forward_until: None,
+            drop_stale_wakes: false,
         }
+    }
+
+    /// Marks the body as one from hyper's HTTP/1 server, polled through
+    /// [`palisade_server::wake::poll_http1_body`]: a poll per request saved.
+    pub(crate) fn drop_stale_wakes(&mut self) {
+        self.drop_stale_wakes = true;
     }
 
     /// Cuts the body off at `at` ([`Admission::forward_until`]) if it is not complete by
@@ -516,7 +525,12 @@ where
             return self.poll_parked(cx);
         }
         loop {
-            let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            let polled = if self.drop_stale_wakes {
+                palisade_server::wake::poll_http1_body(&mut self.inner, cx)
+            } else {
+                Pin::new(&mut self.inner).poll_frame(cx)
+            };
+            let frame = match polled {
                 Poll::Pending => {
                     if self.poll_idle(cx).is_ready() {
                         let timeout_ms = self.idle_ms();
@@ -637,6 +651,9 @@ where
         hint
     }
 }
+
+#[cfg(test)]
+mod wake_tests;
 
 #[cfg(test)]
 mod tests {

@@ -30,6 +30,8 @@
 //!   the line it writes is `palisade_protocol::audit`'s.
 //! - `html`: the status pages' escaping, page frame and times.
 //! - `clock`: [`clock::now`], one reading of the clock per poll of a connection's task.
+//! - `wake`: [`wake::Relayed`] and [`wake::poll_http1_body`], which drop the stale wake-up
+//!   hyper's HTTP/1 body channel sends a connection's task.
 //! - `timer`: [`LazyTimer`] and [`LazySleep`], hyper's timer and a connection's deadlines,
 //!   moved later without touching tokio's timer wheel.
 #![deny(missing_docs)]
@@ -43,6 +45,7 @@ pub mod roles;
 mod serve;
 mod timer;
 pub mod tls;
+pub mod wake;
 
 pub use api::{ApiJson, ApiProblem, ApiQuery, finish};
 pub use conns::{
