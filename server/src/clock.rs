@@ -27,6 +27,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::scoped::Scoped;
+
 /// The reading of this poll: `None` outside a poll of a [`Cached`] future (read the
 /// clock each time), `Some(None)` inside one before the first reading.
 type Reading = Option<Option<tokio::time::Instant>>;
@@ -83,15 +85,9 @@ impl<F: Future> Future for Cached<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Restored on the way out, unwinding included, so that no reading outlives
-        // this poll (and a poll nested in another keeps the outer one's).
-        struct Restore(Reading);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                READING.with(|reading| reading.set(self.0));
-            }
-        }
-        let _restore = Restore(READING.with(|reading| reading.replace(Some(None))));
+        // No reading outlives this poll, and a poll nested in another keeps the outer
+        // one's.
+        let _scoped = Scoped::set(&READING, Some(None));
         self.project().inner.poll(cx)
     }
 }

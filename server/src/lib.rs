@@ -42,6 +42,7 @@ pub mod clock;
 mod conns;
 pub mod html;
 pub mod roles;
+mod scoped;
 mod serve;
 mod timer;
 pub mod tls;

@@ -32,6 +32,8 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use hyper::body::{Body, Frame};
 
+use crate::scoped::Scoped;
+
 /// Where this thread is, as far as relays are concerned. Relays are told apart by
 /// their address.
 #[derive(Clone, Copy)]
@@ -112,14 +114,6 @@ impl<F: Future> Future for Relayed<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Restored on the way out, unwinding included: no state outlives this poll, and
-        // a poll nested in another leaves the outer one's as it was.
-        struct Restore(State);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                STATE.with(|state| state.set(self.0));
-            }
-        }
         let this = self.project();
         // A task's waker does not change from poll to poll (tokio's never does), so the
         // relay is made once. Should it change, a new relay carries the new waker: a
@@ -137,16 +131,18 @@ impl<F: Future> Future for Relayed<F> {
                 (relay, waker)
             }
         };
-        let outer = STATE.with(|state| {
-            state.replace(State {
+        // No state outlives this poll, and a poll nested in another keeps the outer
+        // one's.
+        let scoped = Scoped::set(
+            &STATE,
+            State {
                 polling: relay.id(),
                 ..OUTSIDE
-            })
-        });
-        let restore = Restore(outer);
+            },
+        );
         let polled = this.inner.poll(&mut Context::from_waker(waker));
         let pass_on = STATE.with(|state| state.get().pass_on);
-        drop(restore);
+        drop(scoped);
         if pass_on {
             cx.waker().wake_by_ref();
         }
