@@ -14,10 +14,10 @@
 //! **How.** [`Relayed`] polls a connection's future with a waker of its own (a relay),
 //! which passes every wake-up on to the task's, but one: a wake-up of this connection's
 //! own relay made on this thread while `muffled` runs ([`poll_http1_body`] runs the
-//! body's poll in it) is held. When the call returns,
-//! its caller says whether what it polled shows the wake-up stale (the body's sender is
-//! gone): then it is dropped; otherwise it is passed on as the poll ends, and the task
-//! is polled again exactly as it would have been. A panic passes it on too.
+//! body's poll in it) is held. When the call returns, its caller says whether what it
+//! polled shows the wake-up stale (the body's sender is gone): then it is dropped;
+//! otherwise it is passed on as the poll ends, and the task is polled again exactly as
+//! it would have been. A panic caught within the poll passes it on too.
 //!
 //! **What may be judged stale.** Only what the caller can prove from what it just
 //! polled. A wake-up dropped wrongly would leave the connection unpolled until its next
