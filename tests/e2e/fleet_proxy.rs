@@ -294,6 +294,11 @@ async fn unlisted_proxy_gets_no_lease() {
 
 /// The lease the real nodes grant in [`real_cluster_fences_both_proxies_and_stops_writes_when_stopped`].
 const NODE_LEASE_MS: u64 = 1_000;
+/// `limits.lease_renew_timeout_ms` of that test's proxies. The test is about whose grant
+/// a renewal takes, not about how fast a new leader answers: on a loaded 2-core machine a
+/// new leader's first grant once took longer than the 1 s default, and the first write
+/// with its token was refused (fail closed, as it should be).
+const RENEW_TIMEOUT_MS: u64 = 3_000;
 
 /// Three nodes started with `--lease-ms lease_ms` and one `--announce` per proxy admin
 /// URL in `proxies` (not announcing to the launcher's own proxy), and their API URLs
@@ -353,13 +358,24 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
     ];
     let names = ports.map(|p| format!("http://127.0.0.1:{p}"));
     let (cluster, urls) = start_leased_cluster(dir.path(), NODE_LEASE_MS, &names);
+    let config = palisade_tests::fixtures::write_config(
+        dir.path(),
+        &format!("[limits]\nlease_renew_timeout_ms = {RENEW_TIMEOUT_MS}\n"),
+    );
     let start = |name: &str, port: u16| {
         let upstream = upstream.url();
         palisade_cluster::ProxyProcess::start_with(
             &dir.path().join(name),
             "127.0.0.1:0",
             &format!("127.0.0.1:{port}"),
-            &["--upstream", &upstream, "--cluster", &urls],
+            &[
+                "--upstream",
+                &upstream,
+                "--cluster",
+                &urls,
+                "--config",
+                &config,
+            ],
             &[],
         )
         .unwrap()
@@ -422,8 +438,9 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
     .await
     .expect("timed out waiting for a new leader's released token");
     let t2 = second.token.unwrap();
-    // The first write with the new token is admitted at once: its renewal asks every
-    // node and takes the new leader's grant, whatever the old leader's state.
+    // The first write with the new token is admitted at once, without a retry: its
+    // renewal asks every node and takes the new leader's grant (given up to
+    // `RENEW_TIMEOUT_MS`), whatever the old leader's state.
     let answer = put(&a.url("/k"), t2, "second").await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
     let stale = put(&b.url("/k"), t1, "late first").await;
@@ -442,10 +459,10 @@ async fn real_cluster_fences_both_proxies_and_stops_writes_when_stopped() {
     .expect("timed out waiting for a 503 lease-expired with every node stopped");
     let took = stopped.elapsed();
     assert_eq!(refused.problem().unwrap().kind(), "lease-expired");
-    // The requirement: within one lease; plus the refused write's own renewal wait (1 s
-    // by default) and slack for loaded test machines.
+    // The requirement: within one lease; plus the refused write's own renewal wait
+    // (`RENEW_TIMEOUT_MS` here) and slack for loaded test machines.
     assert!(
-        took < Duration::from_millis(NODE_LEASE_MS + 1_000 + 1_500),
+        took < Duration::from_millis(NODE_LEASE_MS + RENEW_TIMEOUT_MS + 1_500),
         "{took:?}"
     );
     for id in cluster.ids() {

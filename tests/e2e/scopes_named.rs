@@ -80,14 +80,16 @@ async fn open(api: &str) -> String {
 }
 
 /// Opens a session with `ttl_ms`, asking `first` and then every node of `urls` until one
-/// answers 200 (the leader may move under load); its id.
-async fn open_on_any(first: &str, urls: &[String], ttl_ms: u64) -> String {
+/// answers 200 (the leader may move under load); its id, and when the request that
+/// opened it was sent.
+async fn open_on_any(first: &str, urls: &[String], ttl_ms: u64) -> Kept {
     let body = serde_json::json!({ "ttl_ms": ttl_ms });
     let opened = palisade_cluster::wait::poll(ELECTION_TIMEOUT, || async {
         for url in std::iter::once(first).chain(urls.iter().map(String::as_str)) {
+            let sent = tokio::time::Instant::now();
             let answer = call(Method::POST, &format!("{url}/v1/sessions"), &body).await;
             if answer.status == StatusCode::OK {
-                return answer.json()["id"].as_str().map(str::to_owned);
+                return answer.json()["id"].as_str().map(|id| (id.to_owned(), sent));
             }
         }
         None
@@ -283,27 +285,49 @@ const FAILOVER_SESSIONS: usize = 1_000;
 const FAILOVER_HOLDERS: usize = 50;
 /// Keepalive requests in flight at once from the test.
 const KEEPALIVES_IN_FLIGHT: usize = 32;
+/// How long the test's driver waits for one keepalive before it asks the next node (a
+/// paused leader answers nothing).
+const KEEPALIVE_ATTEMPT: Duration = Duration::from_millis(300);
 /// The failover tests' TTL: the clients' default. One test process keeping a thousand
 /// sessions alive on two loaded cores takes a few seconds a round; a 2 s TTL would test
 /// the driver, not the cluster.
 const FAILOVER_TTL_MS: u64 = palisade_protocol::scopes::SESSION_TTL_MS_DEFAULT;
 
+/// A session the driver keeps alive: its id, and when the request that opened it was
+/// sent (the open is its first answered keepalive: the cluster keeps it for a TTL from
+/// there).
+type Kept = (String, tokio::time::Instant);
+
 /// Keeps every session of `sessions` (which may grow meanwhile) alive until aborted:
-/// rounds of keepalives, each sent to the node that last answered 200 and, on anything
-/// else, to the next node. A 404 (the session was expired) panics: as a cluster failure
-/// when the session's last answered keepalive was sent less than a TTL (less the drift
-/// bound) before, which the cluster promises never to expire; as a failure of this
-/// driver when it was sent earlier (the test process fell behind, which proves nothing).
+/// rounds of keepalives through the Rust client's pooled node API, each sent to the node
+/// that last answered and, on anything else, to the next node. A 404 (the session was
+/// expired) panics: as a cluster failure when the session's last answered keepalive (or
+/// its open) was sent less than a TTL (less the drift bound) before, which the cluster
+/// promises never to expire; as a failure of this driver when it was sent earlier (the
+/// test process fell behind, which proves nothing either way). The panic names the
+/// slowest round so far.
 fn keep_all_alive(
-    urls: Vec<String>,
-    sessions: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    urls: &[String],
+    sessions: std::sync::Arc<std::sync::Mutex<Vec<Kept>>>,
 ) -> tokio::task::JoinHandle<()> {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
+    // One pooled client per node, shared by every keepalive: a fresh connection per
+    // keepalive (three hundred a second) loaded the two cores more than the keepalives.
+    let apis: Arc<Vec<palisade_client::NodeApi>> = Arc::new(
+        urls.iter()
+            .map(|url| {
+                palisade_client::NodeApi::new(url)
+                    .unwrap()
+                    .timeout(KEEPALIVE_ATTEMPT)
+            })
+            .collect(),
+    );
     tokio::spawn(async move {
         let current = Arc::new(AtomicUsize::new(0));
         let answered: Arc<Mutex<HashMap<String, tokio::time::Instant>>> = Arc::default();
+        let slowest = Arc::new(Mutex::new(Duration::ZERO));
         let trusted = palisade_protocol::scopes::session_trusted_until(
             std::time::Instant::now(),
             Duration::from_millis(FAILOVER_TTL_MS),
@@ -312,53 +336,57 @@ fn keep_all_alive(
         loop {
             let round = tokio::time::Instant::now();
             let mut set = tokio::task::JoinSet::new();
-            let now: Vec<String> = sessions.lock().unwrap().clone();
-            for session in now {
+            let now: Vec<Kept> = sessions.lock().unwrap().clone();
+            for (session, opened) in now {
                 while set.len() >= KEEPALIVES_IN_FLIGHT {
                     set.join_next().await.unwrap().unwrap();
                 }
-                let (urls, current) = (urls.clone(), Arc::clone(&current));
-                let answered = Arc::clone(&answered);
+                let (apis, current) = (Arc::clone(&apis), Arc::clone(&current));
+                let (answered, slowest) = (Arc::clone(&answered), Arc::clone(&slowest));
                 set.spawn(async move {
                     let first = current.load(Ordering::Relaxed);
-                    for k in 0..urls.len() * 2 {
-                        let at = (first + k) % urls.len();
-                        let url = format!("{}/v1/sessions/{session}/keepalive", urls[at]);
+                    for k in 0..apis.len() * 2 {
+                        let at = (first + k) % apis.len();
                         let sent = tokio::time::Instant::now();
-                        let answer = palisade_tests::client::try_send_within(
-                            Method::POST,
-                            &url,
-                            &[],
-                            bytes::Bytes::new(),
-                            Duration::from_millis(300),
-                        )
-                        .await;
-                        let Ok(answer) = answer else { continue };
-                        if answer.status == StatusCode::NOT_FOUND {
-                            let last = answered.lock().unwrap().get(&session).copied();
-                            let since = last.map(|t| sent.duration_since(t));
-                            assert!(
-                                since.is_some_and(|since| since >= trusted),
-                                "the cluster expired session {session} although its last \
-                                 answered keepalive was sent {since:?} before (trusted for \
-                                 {trusted:?}): {:?}",
-                                answer.json()
-                            );
-                            panic!(
-                                "this test's driver fell behind: session {session}'s last \
-                                 answered keepalive was sent {since:?} before its 404"
-                            );
-                        }
-                        if answer.status == StatusCode::OK {
-                            answered.lock().unwrap().insert(session.clone(), sent);
-                            current.store(at, Ordering::Relaxed);
-                            return;
+                        match apis[at].keepalive(&session).await {
+                            Ok(_) => {
+                                answered.lock().unwrap().insert(session.clone(), sent);
+                                current.store(at, Ordering::Relaxed);
+                                return;
+                            }
+                            Err(palisade_client::ClientError::UnknownSession { .. }) => {
+                                let last = answered
+                                    .lock()
+                                    .unwrap()
+                                    .get(&session)
+                                    .copied()
+                                    .unwrap_or(opened);
+                                let since = sent.duration_since(last);
+                                let slowest = *slowest.lock().unwrap();
+                                assert!(
+                                    since >= trusted,
+                                    "the cluster expired session {session} although its last \
+                                     answered keepalive (or its open) was sent {since:?} before \
+                                     (trusted for {trusted:?}; slowest keepalive round so far: \
+                                     {slowest:?})"
+                                );
+                                panic!(
+                                    "this test's driver fell behind: session {session}'s last \
+                                     answered keepalive (or its open) was sent {since:?} before \
+                                     its 404 (slowest keepalive round so far: {slowest:?})"
+                                );
+                            }
+                            Err(_) => {}
                         }
                     }
                 });
             }
             while let Some(done) = set.join_next().await {
                 done.unwrap();
+            }
+            {
+                let mut slowest = slowest.lock().unwrap();
+                *slowest = (*slowest).max(round.elapsed());
             }
             tokio::time::sleep_until(round + Duration::from_millis(FAILOVER_TTL_MS / 3)).await;
         }
@@ -384,7 +412,7 @@ async fn sessions_survive(how: Failover) {
     // Each session is kept alive from the moment it is open: opening a thousand takes
     // longer than a TTL on a loaded machine.
     let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let keeper = keep_all_alive(urls.clone(), std::sync::Arc::clone(&kept));
+    let keeper = keep_all_alive(&urls, std::sync::Arc::clone(&kept));
     let mut opening = tokio::task::JoinSet::new();
     for _ in 0..FAILOVER_SESSIONS {
         while opening.len() >= KEEPALIVES_IN_FLIGHT {
@@ -399,7 +427,12 @@ async fn sessions_survive(how: Failover) {
     while let Some(id) = opening.join_next().await {
         kept.lock().unwrap().push(id.unwrap());
     }
-    let sessions: Vec<String> = kept.lock().unwrap().clone();
+    let sessions: Vec<String> = kept
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, _)| id.clone())
+        .collect();
     let mut grants = Vec::new();
     for (n, session) in sessions.iter().take(FAILOVER_HOLDERS).enumerate() {
         // On whichever node leads: a campaign is idempotent (a holder gets its grant
@@ -601,9 +634,15 @@ async fn membership_changes_during_campaigns_keep_grants_in_order() {
         open_with(&api, FAILOVER_TTL_MS).await,
         open_with(&api, FAILOVER_TTL_MS).await,
     );
-    let kept = std::sync::Arc::new(std::sync::Mutex::new(vec![a.clone(), b.clone()]));
+    // Recorded as opened once both opens have answered: later than their sends, so the
+    // driver's diagnosis of a 404 leans towards blaming the cluster, never excusing it.
+    let opened = tokio::time::Instant::now();
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(vec![
+        (a.clone(), opened),
+        (b.clone(), opened),
+    ]));
     let urls: Vec<String> = urls_of(&cluster);
-    let keeper = keep_all_alive(urls, kept);
+    let keeper = keep_all_alive(&urls, kept);
     let campaign_url = format!("{api}/v1/scopes/m/campaign?timeout_ms=60000");
     let first = call(
         Method::POST,
