@@ -21,10 +21,10 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use palisade_server::LazyTimer;
 use palisade_server::clock::Cached;
 use palisade_server::wake::Relayed;
 use palisade_server::{Admitted, ConnPolicy, Connections, Releasable, Served};
+use palisade_server::{LazyTimer, Recycling};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -207,7 +207,7 @@ pub(crate) async fn serve<H, F>(
                     "size of a connection's task"
                 );
             });
-            tokio::spawn(Cached::new(Relayed::new(task)));
+            tokio::spawn(Cached::new(Relayed::new(Recycling::new(task))));
             continue;
         };
         // Moved as a plain socket and registered again on the thread that serves it: a
@@ -223,7 +223,7 @@ pub(crate) async fn serve<H, F>(
         let name = settings.name;
         loops.pick().spawn(async move {
             match TcpStream::from_std(stream) {
-                Ok(stream) => Cached::new(Relayed::new(task(stream))).await,
+                Ok(stream) => Cached::new(Relayed::new(Recycling::new(task(stream)))).await,
                 Err(e) => tracing::warn!(listener = name, %peer, cause = %e,
                     "cannot register the connection on its data-path thread; closed"),
             }

@@ -271,7 +271,7 @@ pub(crate) struct RequestBody<B = Incoming> {
     /// Made when the client is first waited for; its deadline follows the last progress
     /// without a timer operation per frame (a lazy sleep re-arms only when it fires
     /// early).
-    idle_timer: Option<Pin<Box<LazySleep>>>,
+    idle_timer: Option<LazySleep>,
     /// When the client last sent something (or the body started).
     last_progress: Instant,
     /// Permits for the frame last handed over.
@@ -420,11 +420,9 @@ impl<B> RequestBody<B> {
             exchange.waiting_for_client.store(true, Ordering::Relaxed);
         }
         let due = self.last_progress + self.idle;
-        let timer = self
-            .idle_timer
-            .get_or_insert_with(|| Box::pin(LazySleep::until(due)));
-        timer.as_mut().reset(due);
-        timer.as_mut().poll(cx)
+        let timer = self.idle_timer.get_or_insert_with(|| LazySleep::until(due));
+        Pin::new(&mut *timer).reset(due);
+        Pin::new(timer).poll(cx)
     }
 }
 

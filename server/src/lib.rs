@@ -33,7 +33,8 @@
 //! - `wake`: [`wake::Relayed`] and [`wake::poll_http1_body`], which drop the stale wake-up
 //!   hyper's HTTP/1 body channel sends a connection's task.
 //! - `timer`: [`LazyTimer`] and [`LazySleep`], hyper's timer and a connection's deadlines,
-//!   moved later without touching tokio's timer wheel.
+//!   moved later without touching tokio's timer wheel; [`Recycling`], whose sleeps reuse
+//!   the timers of those dropped before them.
 #![deny(missing_docs)]
 
 mod api;
@@ -55,4 +56,4 @@ pub use conns::{
     Releasable, RequestTracker, Served, Stopped, TrackedBody, read_body,
 };
 pub use serve::{ACCEPT_BACKOFF_MS, ControlLimits, serve, serve_tls};
-pub use timer::{LazySleep, LazyTimer};
+pub use timer::{LazySleep, LazyTimer, Recycling, SPARE_TIMERS_MAX};
