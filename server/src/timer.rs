@@ -22,9 +22,10 @@
 //! **Spare timers.** A request made two timers and dropped them: hyper's HTTP/1 server
 //! makes a head timer for each request and drops it once the head is read, and the
 //! upstream timeout lives for one exchange. Each put an entry into the wheel at its
-//! first poll and took it out when dropped. Inside [`Recycling`] (a connection's task is wrapped in it), a sleep dropped
-//! during a poll leaves its armed timer to the connection as a spare, still in the wheel
-//! and holding the task's waker, and the next sleep made in that connection takes it.
+//! first poll and took it out when dropped. Inside [`Recycling`] (a connection's task
+//! is wrapped in it), a sleep dropped during a poll leaves its armed timer to the
+//! connection as a spare, still in the wheel and holding the task's waker, and the next
+//! sleep made in that connection takes it.
 //! A spare armed at or before the new deadline is kept as it is (the deadlines of one
 //! connection's requests follow each other), so taking it costs no wheel operation;
 //! one armed later is moved, as a new timer would be armed. A spare that fires while
