@@ -210,9 +210,14 @@ thread_local! {
 }
 
 /// Runs `f` on the spares of the connection being polled on this thread ([`Spares::NONE`]
-/// outside one). `f` must not drop a timer: give it back to the caller instead.
-fn with_spares<R>(f: impl FnOnce(&mut Spares) -> R) -> R {
-    SPARES.with_borrow_mut(f)
+/// outside one). `f` must not drop a timer: give it back to the caller instead. `None`,
+/// without running `f`, once the thread-local is gone (a sleep dropped as its thread
+/// exits) or should it be in use: the caller then acts as outside a poll.
+fn with_spares<R>(f: impl FnOnce(&mut Spares) -> R) -> Option<R> {
+    SPARES
+        .try_with(|cell| cell.try_borrow_mut().ok().map(|mut spares| f(&mut spares)))
+        .ok()
+        .flatten()
 }
 
 /// A spare timer of the connection being polled, if it has one, armed at or before
@@ -233,6 +238,7 @@ fn take_spare(deadline: Instant) -> (Option<Armed>, u64) {
         });
         (spare, spares.owner)
     })
+    .unwrap_or((None, 0))
 }
 
 /// A dropped sleep's timer: kept as a spare when its connection is the one being polled
@@ -250,7 +256,8 @@ fn give_back(owner: u64, armed: Armed) {
             None => Some(armed),
         }
     });
-    // Dropped here, outside the thread-local's borrow.
+    // Dropped here, outside the thread-local's borrow (a closure not run is dropped with
+    // its timer before `with_spares` returns, outside the borrow too).
     drop(left);
 }
 
@@ -289,14 +296,15 @@ struct Lent<'a>(&'a mut Spares);
 
 impl<'a> Lent<'a> {
     fn new(home: &'a mut Spares) -> Self {
-        with_spares(|spares| std::mem::swap(spares, home));
+        // Not lent (the thread-local is gone): the poll runs as outside one.
+        let _ = with_spares(|spares| std::mem::swap(spares, home));
         Self(home)
     }
 }
 
 impl Drop for Lent<'_> {
     fn drop(&mut self) {
-        with_spares(|spares| std::mem::swap(spares, self.0));
+        let _ = with_spares(|spares| std::mem::swap(spares, self.0));
     }
 }
 
@@ -466,7 +474,7 @@ mod tests {
         assert_eq!(outside.owner, 0);
         drop(outside);
         let left = with_spares(|s| (s.owner, s.timers.iter().flatten().count()));
-        assert_eq!(left, (0, 0), "no spares outside a poll");
+        assert_eq!(left, Some((0, 0)), "no spares outside a poll");
     }
 
     /// Goal: a spare armed later than a new sleep's deadline is moved to it, so the new
@@ -552,7 +560,7 @@ mod tests {
                 .collect();
             drop(sleeps);
             let kept = with_spares(|s| s.timers.iter().flatten().count());
-            assert_eq!(kept, SPARE_TIMERS_MAX);
+            assert_eq!(kept, Some(SPARE_TIMERS_MAX));
             // In an array: a sleep is itself a future, which an async block should not
             // yield bare.
             [LazySleep::until(at)]
@@ -563,7 +571,7 @@ mod tests {
         Recycling::new(async move {
             drop(made);
             let kept = with_spares(|s| s.timers.iter().flatten().count());
-            assert_eq!(kept, 0, "another connection's timer is not kept");
+            assert_eq!(kept, Some(0), "another connection's timer is not kept");
         })
         .await;
     }
@@ -582,7 +590,7 @@ mod tests {
         }));
         assert!(result.is_err());
         let left = with_spares(|s| (s.owner, s.timers.iter().flatten().count()));
-        assert_eq!(left, (0, 0));
+        assert_eq!(left, Some((0, 0)));
     }
 
     /// One poll of `sleep` with the current task's waker.
