@@ -36,8 +36,8 @@ pub(super) struct Demo {
 pub(super) struct Worker {
     pub(super) guard: ChildGuard,
     lines: mpsc::Receiver<String>,
-    /// The token of the last `holding` event.
-    holding: Option<u64>,
+    /// The token of the last `holding` event, and when the demo read it.
+    holding: Option<(u64, Instant)>,
     /// Whether it reported a write outcome since the last `holding`.
     finished_job: bool,
     /// A session worker's reason to stop, once it reported one.
@@ -235,7 +235,7 @@ impl Demo {
                 match event {
                     Event::Ready => {}
                     Event::Holding { token, .. } => {
-                        worker.holding = Some(token);
+                        worker.holding = Some((token, Instant::now()));
                         worker.finished_job = false;
                     }
                     Event::Wrote {
@@ -342,12 +342,18 @@ impl Demo {
         true
     }
 
+    /// Waits until worker `id` has just started a job with `token`: read at most
+    /// [`HOLDING_FRESH`] ago, so that a pause now lands in the job's work, before its
+    /// write. A job started earlier (its `holding` read while the demo was busy with
+    /// something else) may be writing already: a pause then would catch the write in
+    /// flight, and the resumed worker would find its session lost before any stale write.
     pub(super) async fn wait_for_holding(&mut self, id: u64, token: u64) -> Result<(), Failure> {
         let deadline = Instant::now() + STEP_TIMEOUT;
         loop {
             self.pump();
             if let Some(w) = self.workers.get(&id)
-                && w.holding == Some(token)
+                && w.holding
+                    .is_some_and(|(t, read)| t == token && read.elapsed() < HOLDING_FRESH)
                 && !w.finished_job
             {
                 return Ok(());
@@ -509,3 +515,8 @@ fn session_event(
 
 /// How many characters of a session id the demo prints: enough to tell the sessions apart.
 const SESSION_ID_SHOWN: usize = 8;
+
+/// How recently a worker's job must have started for [`Demo::wait_for_holding`]: a
+/// third of a job's work ([`worker::JOB_MS`]), which leaves the rest for the pause's
+/// signal to arrive before the write.
+const HOLDING_FRESH: Duration = Duration::from_millis(worker::JOB_MS / 3);
