@@ -170,30 +170,35 @@ pub(crate) async fn serve<H, F>(
         });
         let http = Arc::clone(&http);
         let tls = settings.tls.clone();
-        let task = move |stream: TcpStream| async move {
-            let gauge = metrics::gauge!(m::CONNECTIONS, "listener" => http.name);
-            gauge.increment(1.0);
-            let result = match tls {
-                None => http.serve_stream(stream, &admitted, service).await,
-                // Boxed, handshake and all: a task is one allocation of the size of its
-                // largest state, and TLS's (the handshake, the TLS stream) would
-                // otherwise make every connection's task that large, parked or not.
-                Some(acceptor) => {
-                    Box::pin(async {
-                        match admitted.handshake(acceptor.accept(stream)).await {
-                            Ok(Ok(tls)) => http.serve_stream(tls, &admitted, service).await,
-                            Ok(Err(e)) => Err(e.into()),
-                            Err(stopped) => Err(stopped.into()),
-                        }
-                    })
-                    .await
+        // Each poll of a connection's task reads the clock once (`Cached`), passes its
+        // wake-ups on through one waker (`Relayed`), and keeps the timers its requests
+        // drop for the next ones (`Recycling`).
+        let task = move |stream: TcpStream| {
+            Cached::new(Relayed::new(Recycling::new(async move {
+                let gauge = metrics::gauge!(m::CONNECTIONS, "listener" => http.name);
+                gauge.increment(1.0);
+                let result = match tls {
+                    None => http.serve_stream(stream, &admitted, service).await,
+                    // Boxed, handshake and all: a task is one allocation of the size of its
+                    // largest state, and TLS's (the handshake, the TLS stream) would
+                    // otherwise make every connection's task that large, parked or not.
+                    Some(acceptor) => {
+                        Box::pin(async {
+                            match admitted.handshake(acceptor.accept(stream)).await {
+                                Ok(Ok(tls)) => http.serve_stream(tls, &admitted, service).await,
+                                Ok(Err(e)) => Err(e.into()),
+                                Err(stopped) => Err(stopped.into()),
+                            }
+                        })
+                        .await
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::debug!(listener = http.name, %peer, cause = %e, "connection ended with an error");
                 }
-            };
-            if let Err(e) = result {
-                tracing::debug!(listener = http.name, %peer, cause = %e, "connection ended with an error");
-            }
-            gauge.decrement(1.0);
-            drop(admitted);
+                gauge.decrement(1.0);
+                drop(admitted);
+            })))
         };
         let Some(loops) = &loops else {
             let task = task(stream);
@@ -207,7 +212,7 @@ pub(crate) async fn serve<H, F>(
                     "size of a connection's task"
                 );
             });
-            tokio::spawn(Cached::new(Relayed::new(Recycling::new(task))));
+            tokio::spawn(task);
             continue;
         };
         // Moved as a plain socket and registered again on the thread that serves it: a
@@ -223,7 +228,7 @@ pub(crate) async fn serve<H, F>(
         let name = settings.name;
         loops.pick().spawn(async move {
             match TcpStream::from_std(stream) {
-                Ok(stream) => Cached::new(Relayed::new(Recycling::new(task(stream)))).await,
+                Ok(stream) => task(stream).await,
                 Err(e) => tracing::warn!(listener = name, %peer, cause = %e,
                     "cannot register the connection on its data-path thread; closed"),
             }
