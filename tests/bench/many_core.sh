@@ -25,6 +25,9 @@
 # (128), BENCH_PROFILE (1 when `perf` is installed), BENCH_PROFILE_THREADS ("1 4 8"),
 # BENCH_OUT (a directory for the tables and profiles; none: printed only), and those of
 # proxy.sh and memory.sh (BENCH_NO_BUILD, BENCH_PALISADE_BIN, ...).
+# To measure the build with profile-guided optimisation, carry target/pgo/palisade (made
+# here by tests/bench/pgo.sh: the lent machine has no registry) and set BENCH_PALISADE_BIN
+# to it, with BENCH_NO_BUILD=1.
 # Run time: about 9.5 minutes plus the build (BENCH_FLOOR=1 adds 1.5, BENCH_HYPER=0 takes
 # 3 off).
 # shellcheck source-path=SCRIPTDIR
